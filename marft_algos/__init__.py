@@ -1,0 +1,1 @@
+"""marft algorithms (being built)."""

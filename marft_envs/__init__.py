@@ -1,0 +1,1 @@
+"""marft environments (being built)."""
