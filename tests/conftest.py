@@ -1,0 +1,19 @@
+"""Shared pytest fixtures (keep this tiny: several developers add to it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+_DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The real data sets: ``$MARFT_DATA_DIR``, else ``<repo>/../shared/data``; skip if absent."""
+    path = Path(os.environ.get("MARFT_DATA_DIR") or _DEFAULT_DATA)
+    if not path.is_dir():
+        pytest.skip(f"data directory {path} is absent (set MARFT_DATA_DIR to run data tests)")
+    return path
