@@ -1,0 +1,100 @@
+"""Run untrusted, model-written Python and grade it against unit tests.
+
+Quick use::
+
+    from marft_envs.sandbox import run_tests, run_many, isolation_level
+    r = run_tests("def add(a, b):\\n    return a + b\\n",
+                  ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], timeout=5)
+    r.passed, r.n_passed, r.n_tests, r.tests[0].error, r.isolation
+
+Containment (every run)
+-----------------------
+Each run is a fresh process in its own session/process group, in a fresh
+temporary work dir (removed afterwards), with stdin closed, stdout/stderr
+captured up to a cap (the rest is drained and dropped), an environment holding
+only ``PATH, HOME, TMPDIR, LANG`` (nothing inherited), and rlimits: CPU time,
+address space, file size, open files, no core files, process count. A
+wall-clock timeout SIGKILLs the process group, every descendant found in
+``/proc`` and, when it exists, the run's cgroup. Inside, a seccomp filter
+(installed by the runner with ``PR_SET_NO_NEW_PRIVS``) allows only ``AF_UNIX``
+sockets and refuses signals to other processes, ptrace, ``process_vm_*``,
+pidfd calls, io_uring and bpf.
+
+Isolation levels (``isolation_level()`` reports the strongest that works here;
+detected once by running a probe; ``isolation=`` or ``MARFT_SANDBOX_ISOLATION``
+forces one):
+
+``"bwrap"``
+    bubblewrap: ``--ro-bind / /``, a private ``/tmp``, only the work dir
+    writable, new user/pid/net/ipc/uts/cgroup namespaces, all capabilities
+    dropped, ``--die-with-parent``. No network at all (a new, empty net ns).
+``"unshare-net"``
+    ``unshare --user --map-root-user --net --pid --mount --mount-proc``: the
+    runner makes every mount read-only except the work dir (``mount_setattr``),
+    then drops all capabilities (bounding set included) before user code runs.
+``"rlimits+socket-block"``
+    No namespaces: rlimits plus the seccomp filter, which here also refuses
+    ``setsid``/``setpgid`` so that killing the process group kills everything.
+    The filesystem is protected only by file permissions (weak as root).
+
+Process-count limit: ``RLIMIT_NPROC`` is ignored for uid 0, so when running as
+root a per-run cgroup (v1 ``pids`` controller) caps the number of processes;
+in a pid namespace, killing its init also kills every process in it.
+
+Grading that the program cannot forge
+-------------------------------------
+The verdict never comes from the program's process. ``run_tests`` starts two
+processes: the sandboxed *stub*, which executes the program and then serves
+calls, and a trusted *checker* (outside the sandbox, never runs program code),
+which executes the test code. In the checker every top-level name of the program
+(and ``candidate`` = ``entry_point``) is a proxy: a call sends the arguments as
+plain data over a pipe and gets the result back as plain data that the checker
+rebuilds as genuine builtins (ints, floats, strs, lists, tuples, dicts, sets,
+bytes; anything else becomes an object equal to nothing). So
+
+* ``assert candidate(x) == y`` is evaluated by the checker's own ``==``; an object
+  whose ``__eq__`` always returns True never leaves the program's process;
+* patching ``assert``/builtins/``sys.exit`` in the program changes only the
+  program's process;
+* ``sys.exit(0)`` (or a crash, or ``os._exit``) before or during the tests makes
+  the next call fail with ``ProgramGone``, a ``BaseException`` a test's
+  ``except Exception`` cannot swallow; every remaining unit fails;
+* stdout is never parsed: printing "PASSED" or any marker does nothing;
+* the verdict of each unit travels on a pipe that only the checker holds; the
+  grader counts units itself (``n_tests`` = units it sent), and ``passed`` needs
+  the checker's final "done" record plus every unit passing;
+* the program cannot reach the checker: other pid namespace (bwrap,
+  unshare-net), and in every level seccomp refuses signals/ptrace to others.
+
+Limits of the approach: arguments are copied, so a test that checks in-place
+mutation of an argument, or passes a callable/an instance of a program-defined
+class, does not work (no HumanEval test does; all 164 canonical solutions pass).
+"""
+
+from marft_envs.sandbox.core import (
+    LEVELS,
+    ProgramResult,
+    SandboxResult,
+    SandboxUnavailable,
+    TestJob,
+    TestResult,
+    available_levels,
+    isolation_level,
+    run_many,
+    run_program,
+    run_tests,
+)
+
+__all__ = [
+    "LEVELS",
+    "ProgramResult",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "TestJob",
+    "TestResult",
+    "available_levels",
+    "isolation_level",
+    "run_many",
+    "run_program",
+    "run_tests",
+]

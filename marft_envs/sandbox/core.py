@@ -1,0 +1,614 @@
+"""Grader side of the sandbox: isolation detection, process control, the pool.
+
+See the package docstring (``marft_envs.sandbox``) for the design.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "LEVELS",
+    "ProgramResult",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "TestJob",
+    "TestResult",
+    "available_levels",
+    "isolation_level",
+    "run_many",
+    "run_program",
+    "run_tests",
+]
+
+LEVELS: tuple[str, ...] = ("bwrap", "unshare-net", "rlimits+socket-block")
+_RUNNER = str(Path(__file__).with_name("_runner.py"))
+_SETUP_FAILED = 97  # the stub's exit status when hardening itself failed
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested isolation level cannot be used on this machine."""
+
+
+@dataclass
+class TestResult:
+    """Verdict of one test unit, as reported by the trusted checker."""
+
+    index: int
+    passed: bool
+    error: str | None = None
+    duration: float = 0.0
+
+
+@dataclass
+class ProgramResult:
+    """Outcome of ``run_program``."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration: float
+    isolation: str
+    output_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class SandboxResult:
+    """Outcome of ``run_tests``. ``passed`` is True only if the trusted checker ran
+    every test unit to completion and each one passed."""
+
+    passed: bool
+    n_tests: int
+    n_passed: int
+    tests: list[TestResult] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    exit_code: int | None = None
+    isolation: str = ""
+    duration: float = 0.0
+    error: str | None = None
+    output_truncated: bool = False
+
+    @property
+    def fraction(self) -> float:
+        return self.n_passed / self.n_tests if self.n_tests else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TestJob:
+    """One ``run_tests`` call for ``run_many``."""
+
+    program: str
+    tests: str | Sequence[str]
+    entry_point: str | None = None
+    setup: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ isolation
+_detect_lock = threading.Lock()
+_available: dict[str, str | None] = {}  # level -> None if usable, else the reason
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _probe(level: str) -> str | None:
+    if level == "bwrap" and shutil.which("bwrap") is None:
+        return "bwrap not found on PATH (apt-get install bubblewrap)"
+    if level == "unshare-net" and shutil.which("unshare") is None:
+        return "unshare(1) not found"
+    try:
+        r = _run_program(
+            "import socket\n"
+            "try:\n    socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+            "    print('socket-open')\nexcept OSError:\n    print('socket-blocked')\n",
+            level=level, timeout=20.0, memory_mb=512, cpu_seconds=None, max_file_mb=1,
+            max_processes=16, max_output=4096)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    if r.exit_code != 0 or "socket-" not in r.stdout:
+        return (f"probe failed (exit {r.exit_code}, timed_out={r.timed_out}): "
+                f"{r.stderr.strip()[-300:]}")
+    if level == "rlimits+socket-block" and "socket-blocked" not in r.stdout:
+        return "seccomp socket filter not in force"
+    return None
+
+
+def available_levels(refresh: bool = False) -> dict[str, str | None]:
+    """``{level: None if usable here else the reason}``, probed once per process."""
+    with _detect_lock:
+        if refresh or not _available:
+            for level in LEVELS:
+                _available[level] = _probe(level)
+        return dict(_available)
+
+
+def isolation_level() -> str:
+    """The strongest level usable here (``MARFT_SANDBOX_ISOLATION`` forces one)."""
+    forced = os.environ.get("MARFT_SANDBOX_ISOLATION")
+    if forced:
+        return _check_level(forced)
+    avail = available_levels()
+    for level in LEVELS:
+        if avail[level] is None:
+            return level
+    raise SandboxUnavailable("no isolation level works here: " + json.dumps(avail))
+
+
+def _check_level(level: str) -> str:
+    if level not in LEVELS:
+        raise ValueError(f"unknown isolation level {level!r}; choose from {LEVELS}")
+    reason = available_levels()[level]
+    if reason is not None:
+        raise SandboxUnavailable(f"isolation {level!r} unavailable: {reason}")
+    return level
+
+
+# --------------------------------------------------------------- cgroup (root)
+_cg_root: str | None | bool = False  # False = not probed yet
+
+
+def _cgroup_root() -> str | None:
+    """A writable cgroup-v1 pids hierarchy (root only): the process-count limit that
+    works when RLIMIT_NPROC does not (root is exempt from it)."""
+    global _cg_root
+    if _cg_root is False:
+        _cg_root = None
+        base = "/sys/fs/cgroup/pids"
+        if _is_root() and os.path.isfile(os.path.join(base, "cgroup.procs")):
+            probe = os.path.join(base, f"marft-probe-{os.getpid()}")
+            try:
+                os.mkdir(probe)
+                with open(os.path.join(probe, "pids.max"), "w") as f:
+                    f.write("8")
+                _cg_root = base
+            except OSError:
+                pass
+            finally:
+                try:
+                    os.rmdir(probe)
+                except OSError:
+                    pass
+    return _cg_root or None
+
+
+def _cgroup_pids(cg: str) -> list[int]:
+    try:
+        with open(os.path.join(cg, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+# -------------------------------------------------------------- process control
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+def _descendants(pid: int) -> list[int]:
+    kids, out, todo = _children_map(), [], [pid]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill(proc: subprocess.Popen, cg: str | None) -> None:
+    """SIGKILL the whole tree: descendants, the process group, the cgroup."""
+    for _ in range(50):
+        victims = _descendants(proc.pid) + (_cgroup_pids(cg) if cg else [])
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if proc.poll() is None:
+            try:
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                continue
+        if not victims and not (cg and _cgroup_pids(cg)):
+            break
+        time.sleep(0.002)
+
+
+class _Capture:
+    """Keeps the first ``cap`` bytes of a stream; drains and drops the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.buf, self.truncated = cap, bytearray(), False
+
+    def feed(self, data: bytes) -> None:
+        room = self.cap - len(self.buf)
+        if len(data) > room:
+            self.truncated = True
+        if room > 0:
+            self.buf += data[:room]
+
+    def text(self) -> str:
+        return self.buf.decode("utf-8", "replace")
+
+
+def _limits(timeout: float, memory_mb: int | None, cpu_seconds: float | None,
+            max_file_mb: int | None, max_processes: int | None, level: str) -> dict:
+    nproc = max_processes
+    if nproc is not None and level == "rlimits+socket-block" and not _is_root():
+        nproc += _tasks_of_uid(os.getuid())  # NPROC counts all of this user's tasks
+    cpu = cpu_seconds if cpu_seconds is not None else math.ceil(timeout) + 1
+    return {"as": memory_mb * 2**20 if memory_mb else None,
+            "cpu": int(math.ceil(cpu)) if cpu else None,
+            "fsize": max_file_mb * 2**20 if max_file_mb is not None else None,
+            "nproc": nproc, "nofile": 256}
+
+
+def _tasks_of_uid(uid: int) -> int:
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    n += len(os.listdir(f"/proc/{name}/task"))
+            except OSError:
+                pass
+    return n
+
+
+def _stub_command(level: str, workdir: str, cfg: dict) -> list[str]:
+    py = sys.executable
+    stub = [py, "-I", "-u", _RUNNER, "stub", json.dumps(cfg)]
+    if level == "bwrap":
+        cmd = ["bwrap", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
+        tmp = tempfile.gettempdir().rstrip("/") or "/tmp"
+        for p in {os.path.dirname(_RUNNER), sys.prefix, sys.base_prefix,
+                  os.path.dirname(os.path.realpath(py))}:
+            if p.startswith("/tmp/") or p.startswith(tmp + "/"):
+                cmd += ["--ro-bind", p, p]  # keep the interpreter visible under --tmpfs
+        cmd += ["--bind", workdir, workdir, "--proc", "/proc", "--dev", "/dev",
+                "--chdir", workdir, "--unshare-all", "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--clearenv"]
+        for k, v in _clean_env(workdir).items():
+            cmd += ["--setenv", k, v]
+        return cmd + stub
+    if level == "unshare-net":
+        return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork",
+                "--kill-child", "--mount", "--mount-proc"] + stub
+    return stub
+
+
+def _clean_env(workdir: str) -> dict[str, str]:
+    # Nothing inherited: secrets in the parent's environment never reach the program.
+    return {"PATH": _PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+
+
+class _Run:
+    """One sandboxed stub process (plus its temp dir and cgroup), cleaned up on exit."""
+
+    def __init__(self, program: str, *, level: str, serve: bool, timeout: float,
+                 memory_mb: int | None, cpu_seconds: float | None, max_file_mb: int | None,
+                 max_processes: int | None, files: Mapping[str, str] | None = None) -> None:
+        self.level = level
+        self.workdir = tempfile.mkdtemp(prefix="marft-sbx-")
+        os.chmod(self.workdir, 0o755)
+        self.cg: str | None = None
+        self.proc: subprocess.Popen | None = None
+        self.req_r = self.req_w = self.resp_r = self.resp_w = -1
+        prog_path = os.path.join(self.workdir, "program.py")
+        with open(prog_path, "w", encoding="utf-8") as f:
+            f.write(program)
+        for rel, text in (files or {}).items():
+            dest = os.path.realpath(os.path.join(self.workdir, rel))
+            if not dest.startswith(self.workdir + os.sep):
+                raise ValueError(f"file {rel!r} escapes the work dir")
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "w", encoding="utf-8") as f:
+                f.write(text)
+        cfg: dict[str, Any] = {
+            "workdir": self.workdir, "program": prog_path, "serve": serve,
+            "module_name": "solution" if serve else "__main__",
+            "limits": _limits(timeout, memory_mb, cpu_seconds, max_file_mb, max_processes,
+                              level),
+            "readonly": level == "unshare-net", "drop_caps": level == "unshare-net",
+            "block_setsid": level == "rlimits+socket-block",
+        }
+        pass_fds: tuple[int, ...] = ()
+        if serve:
+            self.req_r, self.req_w = os.pipe()
+            self.resp_r, self.resp_w = os.pipe()
+            cfg.update(req=self.req_r, resp=self.resp_w)
+            pass_fds = (self.req_r, self.resp_w)
+        cmd = _stub_command(level, self.workdir, cfg)
+        root = _cgroup_root()
+        if root and max_processes is not None:
+            self.cg = os.path.join(root, f"marft-{uuid.uuid4().hex[:12]}")
+            os.mkdir(self.cg)
+            with open(os.path.join(self.cg, "pids.max"), "w") as f:
+                f.write(str(max_processes + 4))  # + bwrap/unshare helpers
+            # The shell joins the cgroup before exec: no fork can happen outside it.
+            cmd = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
+                   os.path.join(self.cg, "cgroup.procs"), *cmd]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=self.workdir, env=_clean_env(self.workdir), pass_fds=pass_fds,
+            start_new_session=True)
+        if serve:  # the grader keeps no end that the program uses
+            os.close(self.req_r)
+            os.close(self.resp_w)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            _kill(self.proc, self.cg)
+            for s in (self.proc.stdout, self.proc.stderr):
+                if s is not None:
+                    s.close()
+        for fd in (self.req_w, self.resp_r):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if self.cg:
+            for _ in range(200):
+                try:
+                    os.rmdir(self.cg)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    for pid in _cgroup_pids(self.cg):
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
+                    time.sleep(0.005)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _pump(sel: selectors.BaseSelector, deadline: float, handlers: dict[int, Any],
+          until: Any) -> bool:
+    """Read ready fds into their handlers until ``until()`` or the deadline.
+    Returns False on deadline."""
+    while not until():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if not sel.get_map():
+            time.sleep(min(left, 0.005))
+            continue
+        for key, _ in sel.select(min(left, 0.1)):
+            fd = key.fd
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            handlers[fd](data)
+            if not data:
+                sel.unregister(fd)
+    return True
+
+
+# ------------------------------------------------------------------ public API
+def run_program(program: str, *, timeout: float = 10.0, memory_mb: int | None = 1024,
+                cpu_seconds: float | None = None, max_file_mb: int | None = 16,
+                max_processes: int | None = 64, max_output: int = 64 * 1024,
+                files: Mapping[str, str] | None = None,
+                isolation: str | None = None) -> ProgramResult:
+    """Run ``program`` as ``__main__`` in a fresh sandbox; stdin is closed.
+
+    ``files`` are extra text files written into the work dir first. The exit code
+    is negative when a signal ended the process (e.g. -9 after the timeout).
+    """
+    level = _check_level(isolation) if isolation else isolation_level()
+    return _run_program(program, level=level, timeout=timeout, memory_mb=memory_mb,
+                        cpu_seconds=cpu_seconds, max_file_mb=max_file_mb,
+                        max_processes=max_processes, max_output=max_output, files=files)
+
+
+def _run_program(program: str, *, level: str, timeout: float, memory_mb: int | None,
+                 cpu_seconds: float | None, max_file_mb: int | None,
+                 max_processes: int | None, max_output: int,
+                 files: Mapping[str, str] | None = None) -> ProgramResult:
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    out, err = _Capture(max_output), _Capture(max_output)
+    run = _Run(program, level=level, serve=False, timeout=timeout, memory_mb=memory_mb,
+               cpu_seconds=cpu_seconds, max_file_mb=max_file_mb,
+               max_processes=max_processes, files=files)
+    try:
+        proc = run.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        with selectors.DefaultSelector() as sel:
+            handlers = {}
+            for stream, cap in ((proc.stdout, out), (proc.stderr, err)):
+                os.set_blocking(stream.fileno(), False)
+                sel.register(stream.fileno(), selectors.EVENT_READ)
+                handlers[stream.fileno()] = cap.feed
+            finished = _pump(sel, deadline, handlers,
+                             lambda: not sel.get_map() and proc.poll() is not None)
+    finally:
+        run.close()
+    assert run.proc is not None
+    return ProgramResult(exit_code=run.proc.returncode, stdout=out.text(), stderr=err.text(),
+                         timed_out=not finished, duration=time.monotonic() - t0,
+                         isolation=level, output_truncated=out.truncated or err.truncated)
+
+
+def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | None = None,
+              setup: str = "", timeout: float = 10.0, memory_mb: int | None = 1024,
+              cpu_seconds: float | None = None, max_file_mb: int | None = 16,
+              max_processes: int | None = 64, max_output: int = 64 * 1024,
+              candidate_name: str = "candidate",
+              isolation: str | None = None) -> SandboxResult:
+    """Grade ``program`` against ``tests`` in a fresh sandbox.
+
+    ``tests`` is one unit of test code or a list of units; each unit passes when
+    it runs to the end without an exception. Units run in order in one namespace
+    (``setup`` first) of the trusted checker process, where the program's
+    top-level names are proxies and ``candidate_name`` is bound to ``entry_point``.
+    ``timeout`` is the wall-clock budget of the whole run (load + all units).
+    """
+    units = [tests] if isinstance(tests, str) else list(tests)
+    level = _check_level(isolation) if isolation else isolation_level()
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    out, err, cerr = _Capture(max_output), _Capture(max_output), _Capture(8192)
+    results: dict[int, TestResult] = {}
+    state: dict[str, Any] = {"done": False, "error": None, "buf": b""}
+    run = _Run(program, level=level, serve=True, timeout=timeout, memory_mb=memory_mb,
+               cpu_seconds=cpu_seconds, max_file_mb=max_file_mb,
+               max_processes=max_processes)
+    checker: subprocess.Popen | None = None
+    res_r = res_w = -1
+    finished = True
+    try:
+        res_r, res_w = os.pipe()
+        checker = subprocess.Popen(
+            [sys.executable, "-I", _RUNNER, "checker", str(run.req_w), str(run.resp_r),
+             str(res_w)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, env={"PATH": _PATH, "LANG": "C.UTF-8"},
+            pass_fds=(run.req_w, run.resp_r, res_w), start_new_session=True)
+        os.close(res_w)
+        res_w = -1
+        os.close(run.req_w)
+        os.close(run.resp_r)
+        run.req_w = run.resp_r = -1
+        spec = {"units": units, "setup": setup, "entry_point": entry_point,
+                "candidate_name": candidate_name,
+                "timeout": max(0.05, deadline - time.monotonic() - 0.05),
+                "checker_memory": 4 * 2**30}
+        assert checker.stdin is not None
+        try:
+            checker.stdin.write(json.dumps(spec).encode())
+            checker.stdin.close()
+        except BrokenPipeError:
+            pass
+
+        def on_result(data: bytes) -> None:
+            if not data:
+                state["done"] = state["done"] or "eof"
+                return
+            buf = state["buf"] + data
+            while len(buf) >= 4:
+                n = int.from_bytes(buf[:4], "big")
+                if len(buf) < 4 + n:
+                    break
+                ev = json.loads(buf[4:4 + n])
+                buf = buf[4 + n:]
+                if ev["event"] == "test":
+                    results[ev["index"]] = TestResult(ev["index"], ev["passed"], ev["error"],
+                                                      ev["duration"])
+                elif ev["event"] == "load_failed":
+                    state["error"] = ev["error"]
+                elif ev["event"] == "done":
+                    state["done"] = True
+            state["buf"] = buf
+
+        proc = run.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        assert checker.stderr is not None
+        with selectors.DefaultSelector() as sel:
+            handlers = {res_r: on_result}
+            for stream, cap in ((proc.stdout, out), (proc.stderr, err),
+                                (checker.stderr, cerr)):
+                os.set_blocking(stream.fileno(), False)
+                handlers[stream.fileno()] = cap.feed
+            for fd in handlers:
+                sel.register(fd, selectors.EVENT_READ)
+            finished = _pump(sel, deadline, handlers, lambda: state["done"])
+            if finished:  # let the program's last output arrive (it exits on EOF)
+                _pump(sel, min(deadline, time.monotonic() + 0.05), handlers,
+                      lambda: not sel.get_map())
+    finally:
+        if checker is not None:
+            _kill(checker, None)
+            if checker.stderr is not None:
+                checker.stderr.close()
+        for fd in (res_r, res_w):
+            if fd >= 0:
+                os.close(fd)
+        run.close()
+    tests_out = [results.get(i, TestResult(i, False, "timeout" if not finished else
+                                           "not run (checker failed)"))
+                 for i in range(len(units))]
+    n_passed = sum(t.passed for t in tests_out)
+    error = state["error"]
+    if state["done"] is not True and error is None:
+        error = "timeout" if not finished else ("checker failed: " + cerr.text()[-500:])
+    timed_out = not finished or any(
+        t.error and t.error.startswith("DeadlineExceeded") for t in tests_out)
+    assert run.proc is not None
+    if run.proc.returncode == _SETUP_FAILED and error is None:
+        error = "sandbox setup failed: " + err.text()[-500:]
+    return SandboxResult(
+        passed=state["done"] is True and bool(units) and n_passed == len(units),
+        n_tests=len(units), n_passed=n_passed, tests=tests_out, stdout=out.text(),
+        stderr=err.text(), timed_out=timed_out, exit_code=run.proc.returncode,
+        isolation=level, duration=time.monotonic() - t0, error=error,
+        output_truncated=out.truncated or err.truncated)
+
+
+def run_many(jobs: Iterable[TestJob | Mapping[str, Any]], *, max_workers: int | None = None,
+             **defaults: Any) -> list[SandboxResult]:
+    """Grade a batch concurrently in a bounded thread pool (each job is its own
+    sandbox process); results come back in job order. ``defaults`` are
+    ``run_tests`` keyword arguments applied to every job (a job's own win)."""
+    norm: list[dict[str, Any]] = []
+    for job in jobs:
+        if isinstance(job, TestJob):
+            d = {"program": job.program, "tests": job.tests, "entry_point": job.entry_point,
+                 "setup": job.setup, **job.options}
+        else:
+            d = dict(job)
+        norm.append({**defaults, **d})
+    if not norm:
+        return []
+    workers = max(1, min(max_workers or os.cpu_count() or 1, len(norm)))
+    if workers == 1:
+        return [run_tests(**d) for d in norm]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="marft-sandbox") as ex:
+        return list(ex.map(lambda d: run_tests(**d), norm))
