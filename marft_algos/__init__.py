@@ -1,1 +1,74 @@
-"""marft algorithms (being built)."""
+"""marft algorithms: per-role LoRA agents on one base model, batched multi-agent rollouts
+and pluggable trainers (GRPO, independent PPO, MARFT), all behind one interface.
+
+    from marft_algos import GRPOConfig, get_algorithm
+    spec = get_algorithm("grpo")
+    trainer = spec.trainer_cls(GRPOConfig(env_id="arith-duo-v0", steps=50, out_dir="runs/duo"))
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marft_algos.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from marft_algos.config import ConfigError, GRPOConfig, IPPOConfig, TrainConfig
+from marft_algos.logging import MetricsLogger
+from marft_algos.rollout import Episode, RolloutBatch, RolloutCollector, Transition
+from marft_algos.trainer import (
+    ALGORITHMS,
+    AlgorithmSpec,
+    Trainer,
+    UnknownAlgorithmError,
+    get_algorithm,
+    list_algorithms,
+    register_algorithm,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmSpec",
+    "CheckpointError",
+    "ConfigError",
+    "Episode",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "IPPOConfig",
+    "IPPOTrainer",
+    "MetricsLogger",
+    "RolloutBatch",
+    "RolloutCollector",
+    "TrainConfig",
+    "Trainer",
+    "Transition",
+    "UnknownAlgorithmError",
+    "EvalResult",
+    "evaluate",
+    "find_checkpoint",
+    "get_algorithm",
+    "list_algorithms",
+    "load_checkpoint",
+    "register_algorithm",
+    "save_checkpoint",
+]
+
+_LAZY = {
+    "GRPOTrainer": "marft_algos.algos.grpo",
+    "IPPOTrainer": "marft_algos.algos.ippo",
+    "EvalResult": "marft_algos.evaluation",
+    "evaluate": "marft_algos.evaluation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Algorithm and evaluation modules import the model stack: load them on first use.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'marft_algos' has no attribute {name!r}")

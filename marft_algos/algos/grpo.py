@@ -1,0 +1,103 @@
+"""GRPO for a team of LLM agents (group-relative advantages, no critic).
+
+For each problem, G env copies reset with the same seed play G episodes. Every
+action of agent i in episode j is credited with the episode's team return R_j
+(or agent i's own return), and its advantage is group-relative:
+
+    A_j = (R_j - mean_{group}(R)) / (std_{group}(R) + eps)      (normalize="global")
+
+With ``normalize="agent"`` (Dr. MAS) the mean/std are taken per (group, agent), so an
+agent whose rewards have a different scale does not destabilise the others. The policy
+loss is the PPO clipped surrogate with DAPO clip-higher (``eps_low`` < ``eps_high``),
+aggregated per token or per sequence, plus an optional ``beta``-weighted KL to the
+reference policy (the base model with adapters disabled). DAPO dynamic sampling drops
+groups whose rewards are all equal (their advantages are all 0: no signal) and
+resamples until the batch is full or ``max_resample_tries`` is spent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from marft_algos.config import GRPOConfig
+from marft_algos.rollout import Episode, RolloutBatch
+from marft_algos.trainer import Trainer, register_algorithm
+
+__all__ = ["GRPOTrainer"]
+
+
+class GRPOTrainer(Trainer):
+    """GRPO: group-relative advantages, clipped surrogate, optional KL to the reference."""
+
+    config_cls = GRPOConfig
+    config: GRPOConfig
+
+    def __init__(self, config: GRPOConfig, **kwargs: Any) -> None:
+        self.group_size = config.group_size
+        super().__init__(config, **kwargs)
+
+    # ---- rollouts with DAPO dynamic sampling ----------------------------------------
+    def collect(self) -> RolloutBatch:
+        c = self.config
+        num_groups = c.num_envs // c.group_size
+        batch = super().collect()
+        if not c.dynamic_sampling:
+            return batch
+        metrics = dict(batch.metrics)  # reward metrics of the first round are unbiased: keep them
+        kept = [g for g in batch.groups().values() if not self._all_equal(g)]
+        dropped, tries = num_groups - len(kept), 0
+        while len(kept) < num_groups and tries < c.max_resample_tries:
+            tries += 1
+            more = self.collector.collect(num_groups - len(kept))
+            for key in ("rollout/tokens", "rollout/actions", "perf/rollout_s", "perf/generate_s", "rollout/verifier_timeouts", "rollout/overlong"):
+                metrics[key] = metrics.get(key, 0.0) + more.metrics.get(key, 0.0)
+            new_groups = list(more.groups().values())
+            good = [g for g in new_groups if not self._all_equal(g)]
+            dropped += len(new_groups) - len(good)
+            kept += good
+        kept = kept[:num_groups]
+        metrics["rollout/dynamic_tries"] = float(tries)
+        metrics["rollout/groups_dropped"] = float(dropped)
+        metrics["rollout/groups_kept"] = float(len(kept))
+        metrics["perf/rollout_tokens_per_s"] = metrics.get("rollout/tokens", 0.0) / max(metrics.get("perf/rollout_s", 0.0), 1e-9)
+        return RolloutBatch(episodes=[ep for g in kept for ep in g], metrics=metrics)
+
+    @staticmethod
+    def _all_equal(group: list[Episode]) -> bool:
+        returns = [ep.team_return for ep in group]
+        return max(returns) - min(returns) < 1e-8
+
+    # ---- advantages ----------------------------------------------------------------
+    def compute_advantages(self, batch: RolloutBatch) -> None:
+        """A = group-relative, (optionally) std-normalised episode return, per transition."""
+        from marft_algos.advantages import grpo_advantages
+
+        c = self.config
+        trs, rewards, group_ids, agent_ids = [], [], [], []
+        for ep in batch.episodes:
+            for t in ep.transitions:
+                if not t.trainable:
+                    continue
+                R = ep.team_return if c.reward_source == "team" else ep.agent_return(t.agent)
+                trs.append(t)
+                rewards.append(R)
+                group_ids.append(ep.group_id)
+                agent_ids.append(self.agents.index(t.agent))
+        if not trs:
+            return
+        normalize = c.normalize
+        adv = grpo_advantages(
+            np.asarray(rewards, dtype=np.float64),
+            np.asarray(group_ids),
+            agent_ids=np.asarray(agent_ids) if normalize == "agent" else None,
+            normalize=normalize,
+            scale=c.scale_rewards,
+        )
+        for t, a, r in zip(trs, np.asarray(adv, dtype=np.float64).tolist(), rewards, strict=True):
+            t.advantage = float(a)
+            t.returns = float(r)
+
+
+register_algorithm("grpo", GRPOTrainer, GRPOConfig, "GRPO: group-relative advantages (global or agent-wise), DAPO clip-higher and dynamic sampling")

@@ -1,0 +1,164 @@
+"""Independent PPO (IPPO): every agent is its own PPO learner.
+
+Each agent has its own value head on the frozen base model: V_i(o) is read from the
+last hidden state of the agent's observation (its prompt ids). GAE runs over each
+agent's own transitions of an episode, in order, with no chaining across agents
+(contrast with action-level MARFT, where agent i bootstraps from agent i+1):
+
+    delta_k = r_k + gamma * V_i(o_{k+1}) * (1 - done_k) - V_i(o_k)
+    A_k     = delta_k + gamma * lam * (1 - done_k) * A_{k+1}
+    R_k     = A_k + V_i(o_k)
+
+``r_k`` is the team reward of the turn of action k (``team_reward=True``, the
+default) or the agent's own reward. The loss per agent is the PPO clipped surrogate
+(+ optional entropy bonus and KL to the reference) plus ``vf_coef`` times the value
+loss of that agent's head; the head has its own optimizer (``value/<agent>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from marft_algos.config import IPPOConfig
+from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.trainer import Trainer, register_algorithm
+
+__all__ = ["IPPOTrainer", "agent_chains"]
+
+
+def agent_chains(batch: RolloutBatch, agent: str) -> list[list[Transition]]:
+    """Per episode, ``agent``'s own transitions in execution order (its GAE chains)."""
+    chains = []
+    for ep in batch.episodes:
+        chain = [t for t in ep.transitions if t.agent == agent]
+        if chain:
+            chains.append(chain)
+    return chains
+
+
+class IPPOTrainer(Trainer):
+    """Independent PPO: per-agent value heads on the frozen base, per-agent GAE."""
+
+    config_cls = IPPOConfig
+    config: IPPOConfig
+
+    def __init__(self, config: IPPOConfig, *, value_model: Any = None, **kwargs: Any) -> None:
+        self._value_model_arg = value_model
+        super().__init__(config, **kwargs)
+
+    # ---- modules ---------------------------------------------------------------------
+    def setup(self) -> None:
+        from marft_algos.models import ValueModel
+
+        vm = self._value_model_arg
+        self.value_model = vm if vm is not None else ValueModel(self.policy, per_agent=True)
+
+    def value_parameters(self, agent: str) -> list[torch.nn.Parameter]:
+        vm = self.value_model
+        if hasattr(vm, "trainable_parameters"):
+            return [p for p in vm.trainable_parameters(agent) if p.requires_grad]
+        return [p for p in vm.heads[agent].parameters() if p.requires_grad]
+
+    def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        opts = super().build_optimizers()
+        for agent in self.agents:
+            opts[f"value/{agent}"] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.value_lr, eps=self.config.adam_eps)
+        return opts
+
+    def optimizer_keys(self, agent: str) -> list[str]:
+        return [agent, f"value/{agent}"]
+
+    # ---- values and advantages --------------------------------------------------------
+    def values_of(self, agent: str, prompts: list[list[int]]) -> torch.Tensor:
+        return self.value_model.values(agent, prompts).reshape(-1).float()
+
+    def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
+        """V_i(o) for every transition of agent i (no grad); over-long prompts get 0."""
+        with torch.no_grad():
+            for agent in self.agents:
+                trs = [t for t in batch.transitions if t.agent == agent]
+                for t in trs:
+                    t.value = 0.0
+                ok = [t for t in trs if t.trainable]
+                for s in range(0, len(ok), chunk):
+                    part = ok[s : s + chunk]
+                    vals = self.values_of(agent, [t.prompt_ids for t in part]).cpu().tolist()
+                    for t, v in zip(part, vals, strict=True):
+                        t.value = float(v)
+
+    def compute_advantages(self, batch: RolloutBatch) -> None:
+        """Per-agent GAE over each agent's own chain (values must be set or are computed)."""
+        from marft_algos.advantages import chain_gae
+
+        c = self.config
+        if any(t.value is None for t in batch.transitions):
+            self.compute_values(batch)
+        for agent in self.agents:
+            for chain in agent_chains(batch, agent):
+                rewards = np.array([t.team_reward if c.team_reward else t.reward for t in chain], dtype=np.float64)
+                values = np.array([t.value for t in chain], dtype=np.float64)
+                # successor of action k in agent i's chain is its action k+1 (none after the last)
+                next_values = np.append(values[1:], 0.0)
+                not_last = np.append(np.ones(len(chain) - 1), 0.0)
+                not_done = np.array([0.0 if t.done else 1.0 for t in chain])
+                discounts = c.gamma * not_last * not_done
+                adv, ret = chain_gae(rewards, values, next_values, discounts, c.lam)
+                for t, a, r in zip(chain, np.asarray(adv).tolist(), np.asarray(ret).tolist(), strict=True):
+                    t.advantage, t.returns = float(a), float(r)
+        if c.normalize_advantages:
+            for agent in self.agents:
+                trs = batch.agent_transitions(agent)
+                if len(trs) > 1:
+                    a = np.array([t.advantage for t in trs])
+                    a = (a - a.mean()) / (a.std() + 1e-8)
+                    for t, v in zip(trs, a.tolist(), strict=True):
+                        t.advantage = float(v)
+
+    # ---- losses ------------------------------------------------------------------------
+    def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        from marft_algos import losses
+
+        loss, m = super().policy_loss(agent, mb, stats)
+        if self.config.ent_coef > 0:
+            entropy = losses.masked_mean(stats.entropy, stats.mask.float())
+            loss = loss - self.config.ent_coef * entropy
+        return loss, m
+
+    def extra_losses(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """vf_coef * value loss of ``agent``'s head on the minibatch."""
+        from marft_algos import losses
+
+        c = self.config
+        v = self.values_of(agent, [t.prompt_ids for t in mb])
+        returns = torch.tensor([t.returns for t in mb], dtype=v.dtype, device=v.device)
+        old_v = torch.tensor([t.value for t in mb], dtype=v.dtype, device=v.device)
+        vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss)
+        if isinstance(vloss, tuple):
+            vloss = vloss[0]
+        explained = 1.0 - float(torch.var(returns - v.detach()) / (torch.var(returns) + 1e-8)) if len(mb) > 1 else float("nan")
+        return c.vf_coef * vloss, {
+            f"agent/{agent}/value_loss": float(vloss.detach()),
+            f"agent/{agent}/value_mean": float(v.detach().mean()),
+            f"agent/{agent}/explained_variance": explained,
+        }
+
+    # ---- checkpoint: value heads ---------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["value_heads"] = {
+            agent: [p.detach().cpu().clone() for p in self.value_parameters(agent)] for agent in self.agents
+        }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for agent, tensors in state["value_heads"].items():
+                for p, t in zip(self.value_parameters(agent), tensors, strict=True):
+                    p.copy_(t.to(p.device, p.dtype))
+        super().load_state_dict(state)
+
+
+register_algorithm("ippo", IPPOTrainer, IPPOConfig, "Independent PPO: one value head per agent on the frozen base, per-agent GAE")

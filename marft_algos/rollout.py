@@ -1,0 +1,485 @@
+"""Rollout records and the batched multi-env collector.
+
+Records
+-------
+A :class:`Transition` is one agent action with everything training needs, kept as token
+ids end to end: ``prompt_ids`` are exactly the ids the policy was conditioned on (the
+chat-templated messages) and ``response_ids`` exactly the sampled ids, so log-probs and
+values are later computed on the same tokens in the same context (no re-tokenisation).
+An :class:`Episode` is the transitions of one env copy in execution order: the chain
+that action-level GAE walks (the successor of a transition is the next one executed).
+A :class:`RolloutBatch` is the episodes of one training step plus rollout metrics.
+
+Collector
+---------
+:class:`RolloutCollector` drives many env copies through the PettingZoo AEC loop at
+once: every env sits at its own ``agent_selection``; dead agents are stepped with
+``None``; all pending generation requests across envs go into ONE ``policy.generate``
+call (the policy batches by base model/adapter). GRPO groups are G consecutive env
+copies reset with the same seed (same problem). Topologies that change the agent order
+at run time are followed as the env dictates (we never assume an order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Transition",
+    "Episode",
+    "RolloutBatch",
+    "RolloutCollector",
+    "make_sampling",
+]
+
+
+@dataclass
+class Transition:
+    """One action of one agent.
+
+    Attributes:
+        episode_id: unique id of the episode (unique across the run).
+        group_id: GRPO group (episodes sharing a problem share it); = episode_id if no groups.
+        index: position of this transition in its episode (execution order).
+        turn: the env's turn counter when the agent acted.
+        agent: the acting agent (= the policy role).
+        prompt_ids: token ids the action was sampled from (chat template applied).
+        response_ids: the sampled token ids (incl. EOS when the model stopped on it).
+        old_logprobs: per-token log-probs reported by the sampler.
+        text: decoded response passed to ``env.step``.
+        finish_reason: "eos", "stop" or "length" (from the policy), "overlong" when the
+            prompt did not fit in ``max_context`` (then the action was "" and the
+            transition is not trainable).
+        reward: ``env.rewards[agent]`` read right after this step.
+        team_reward: the team reward of this transition's turn (filled in when the turn
+            is graded; 0.0 for turns never graded).
+        done: the acting agent was terminated or truncated by this step.
+        flags: env info flags of this step (e.g. "empty_action", "action_truncated").
+        info: the env's info dict for the agent after the step (JSON-safe parts).
+        trainable: False for actions that must not be trained on (overlong prompts).
+        value / advantage / returns: filled by the trainer's advantage estimator.
+        extras: free slot for algorithms (token values, reference log-probs, ...).
+    """
+
+    episode_id: int
+    group_id: int
+    index: int
+    turn: int
+    agent: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    old_logprobs: list[float]
+    text: str = ""
+    finish_reason: str = "eos"
+    reward: float = 0.0
+    team_reward: float = 0.0
+    done: bool = False
+    flags: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    trainable: bool = True
+    value: float | None = None
+    advantage: float | None = None
+    returns: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.response_ids)
+
+
+@dataclass
+class Episode:
+    """The transitions of one env copy, in execution order."""
+
+    episode_id: int
+    group_id: int
+    seed: int | None
+    problem_id: str | None = None
+    transitions: list[Transition] = field(default_factory=list)
+    team_return: float = 0.0
+    correct: bool | None = None
+    dead_steps: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def agent_transitions(self, agent: str) -> list[Transition]:
+        return [t for t in self.transitions if t.agent == agent]
+
+    def agent_return(self, agent: str) -> float:
+        return float(sum(t.reward for t in self.transitions if t.agent == agent))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(t.num_tokens for t in self.transitions)
+
+    def transcript(self) -> dict[str, Any]:
+        """JSON-safe view for transcript logs."""
+        return {
+            "episode_id": self.episode_id,
+            "group_id": self.group_id,
+            "seed": self.seed,
+            "problem_id": self.problem_id,
+            "team_return": self.team_return,
+            "correct": self.correct,
+            "actions": [
+                {
+                    "turn": t.turn,
+                    "agent": t.agent,
+                    "text": t.text,
+                    "reward": t.reward,
+                    "team_reward": t.team_reward,
+                    "tokens": t.num_tokens,
+                    "finish_reason": t.finish_reason,
+                    "flags": t.flags,
+                }
+                for t in self.transitions
+            ],
+        }
+
+
+@dataclass
+class RolloutBatch:
+    """The episodes of one training step plus rollout metrics (namespaced keys)."""
+
+    episodes: list[Episode]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def transitions(self) -> list[Transition]:
+        return [t for ep in self.episodes for t in ep.transitions]
+
+    def agent_transitions(self, agent: str, trainable_only: bool = True) -> list[Transition]:
+        return [t for t in self.transitions if t.agent == agent and (t.trainable or not trainable_only)]
+
+    @property
+    def agents(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for t in self.transitions:
+            seen.setdefault(t.agent, None)
+        return list(seen)
+
+    def groups(self) -> dict[int, list[Episode]]:
+        out: dict[int, list[Episode]] = defaultdict(list)
+        for ep in self.episodes:
+            out[ep.group_id].append(ep)
+        return dict(out)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+
+def make_sampling(settings: dict[str, Any]) -> Any:
+    """Build the policy's ``SamplingParams`` from a profile/override dict (unknown keys dropped)."""
+    from marft_algos.models import SamplingParams
+
+    if dataclasses.is_dataclass(SamplingParams):
+        names = {f.name for f in dataclasses.fields(SamplingParams)}
+        settings = {k: v for k, v in settings.items() if k in names}
+    if "stop" in settings and settings["stop"] is not None:
+        settings["stop"] = list(settings["stop"])
+    return SamplingParams(**settings)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _json_safe(dataclasses.asdict(obj))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return repr(obj)
+
+
+class RolloutCollector:
+    """Drive many env copies through the AEC loop with batched generation.
+
+    Args:
+        env_fn: builds one env copy (e.g. ``lambda: marft_envs.make(env_id, **kw)``).
+        policy: a ``TeamPolicy`` (``encode``, ``generate``).
+        num_envs: env copies stepped at once.
+        group_size: G; consecutive blocks of G copies share a reset seed (a problem).
+        seed: seeds the generator that draws problem seeds (its state is checkpointed).
+        mode: "train" uses each profile's ``sampling``, "eval" its ``eval_sampling``.
+        sampling_overrides: {agent: {...}} applied over the profile settings.
+        max_context: prompt+response token budget; a prompt that leaves no room for a
+            single new token is "overlong": counted, stepped with "" and not trained on;
+            otherwise ``max_new_tokens`` is capped to fit (counted as "context_capped").
+        agent_to_role: maps env agents to policy roles (default: identity).
+    """
+
+    def __init__(
+        self,
+        env_fn: Callable[[], Any],
+        policy: Any,
+        *,
+        num_envs: int,
+        group_size: int = 1,
+        seed: int = 0,
+        mode: str = "train",
+        sampling_overrides: dict[str, dict[str, Any]] | None = None,
+        max_context: int | None = None,
+        agent_to_role: Callable[[str], str] | None = None,
+        max_steps_per_episode: int = 10_000,
+    ) -> None:
+        if num_envs % group_size:
+            raise ValueError(f"num_envs ({num_envs}) must be a multiple of group_size ({group_size})")
+        if mode not in ("train", "eval"):
+            raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
+        self.env_fn = env_fn
+        self.policy = policy
+        self.num_envs = num_envs
+        self.group_size = group_size
+        self.mode = mode
+        self.sampling_overrides = dict(sampling_overrides or {})
+        self.max_context = max_context
+        self.agent_to_role = agent_to_role or (lambda a: a)
+        self.max_steps_per_episode = max_steps_per_episode
+        self.envs: list[Any] = [env_fn() for _ in range(num_envs)]
+        self.rng = np.random.default_rng(seed)
+        self.next_episode_id = 0
+        self.next_group_id = 0
+        self.episodes_collected = 0
+        self._sampling_cache: dict[tuple[str, str], Any] = {}
+
+    # --- state (checkpointed: the problem stream continues exactly on resume) --------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rng": self.rng.bit_generator.state,
+            "next_episode_id": self.next_episode_id,
+            "next_group_id": self.next_group_id,
+            "episodes_collected": self.episodes_collected,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.next_episode_id = int(state["next_episode_id"])
+        self.next_group_id = int(state["next_group_id"])
+        self.episodes_collected = int(state["episodes_collected"])
+
+    @property
+    def possible_agents(self) -> list[str]:
+        return list(self.envs[0].possible_agents)
+
+    # --- sampling settings -----------------------------------------------------------
+    def sampling_settings(self, env: Any, agent: str) -> dict[str, Any]:
+        """Profile sampling (train or eval) merged with the overrides for ``agent``."""
+        settings: dict[str, Any] = {}
+        team = getattr(env, "team", None)
+        profile = getattr(team, "profiles", {}).get(agent) if team is not None else None
+        if profile is not None:
+            base = profile.eval_sampling if self.mode == "eval" else profile.sampling
+            if self.mode == "eval" and not base:
+                base = profile.sampling
+            settings.update(base or {})
+        settings.update(self.sampling_overrides.get(agent, {}))
+        return settings
+
+    def _sampling(self, env: Any, agent: str) -> tuple[dict[str, Any], Any]:
+        key = (agent, self.mode)
+        if key not in self._sampling_cache:
+            settings = self.sampling_settings(env, agent)
+            self._sampling_cache[key] = (settings, make_sampling(dict(settings)))
+        return self._sampling_cache[key]
+
+    # --- collection ----------------------------------------------------------------
+    def draw_resets(self, num_groups: int) -> list[dict[str, Any]]:
+        """Reset arguments for ``num_groups`` groups of G copies (same seed within a group)."""
+        resets = []
+        for _ in range(num_groups):
+            seed = int(self.rng.integers(2**31 - 1))
+            gid = self.next_group_id
+            self.next_group_id += 1
+            resets += [{"seed": seed, "group_id": gid}] * self.group_size
+        return resets
+
+    def collect(self, num_groups: int | None = None) -> RolloutBatch:
+        """Collect ``num_groups`` groups (default: fill all env copies once)."""
+        num_groups = num_groups if num_groups is not None else self.num_envs // self.group_size
+        return self.run(self.draw_resets(num_groups))
+
+    def run(self, resets: Sequence[dict[str, Any]]) -> RolloutBatch:
+        """Play one episode per reset spec, ``num_envs`` at a time.
+
+        A reset spec is ``{"seed": int | None, "options": dict | None, "group_id": int}``.
+        """
+        t0 = time.perf_counter()
+        counters: dict[str, float] = defaultdict(float)
+        episodes: list[Episode] = []
+        for start in range(0, len(resets), self.num_envs):
+            chunk = resets[start : start + self.num_envs]
+            episodes += self._run_chunk(chunk, counters)
+        elapsed = time.perf_counter() - t0
+        self.episodes_collected += len(episodes)
+        batch = RolloutBatch(episodes=episodes)
+        batch.metrics = self._metrics(episodes, counters, elapsed)
+        return batch
+
+    def _run_chunk(self, chunk: Sequence[dict[str, Any]], counters: dict[str, float]) -> list[Episode]:
+        episodes: list[Episode] = []
+        for env, spec in zip(self.envs, chunk, strict=False):
+            env.reset(seed=spec.get("seed"), options=spec.get("options"))
+            eid = self.next_episode_id
+            self.next_episode_id += 1
+            problem = getattr(env, "problem", None)
+            episodes.append(
+                Episode(
+                    episode_id=eid,
+                    group_id=int(spec.get("group_id", eid)),
+                    seed=spec.get("seed"),
+                    problem_id=getattr(problem, "id", None),
+                )
+            )
+        live = list(range(len(chunk)))
+        steps = [0] * len(chunk)
+        while live:
+            requests, owners = [], []
+            still_live = []
+            for i in live:
+                env, ep = self.envs[i], episodes[i]
+                pending = self._advance_to_live_agent(env, ep, counters)
+                if pending is None or steps[i] >= self.max_steps_per_episode:
+                    self._finish(env, ep)
+                    continue
+                still_live.append(i)
+                agent = pending
+                role = self.agent_to_role(agent)
+                settings, sampling = self._sampling(env, agent)
+                prompt_ids = list(self.policy.encode(role, env.messages(agent)))
+                max_new = int(settings.get("max_new_tokens", getattr(sampling, "max_new_tokens", 256)))
+                if self.max_context is not None and len(prompt_ids) + max_new > self.max_context:
+                    room = self.max_context - len(prompt_ids)
+                    if room < 1:
+                        # No room for even one token: a handled, counted case (never truncate the
+                        # prompt silently, it would train on a context the agent never saw).
+                        counters["rollout/overlong"] += 1
+                        self._step(env, ep, agent, prompt_ids, None, counters)
+                        steps[i] += 1
+                        continue
+                    counters["rollout/context_capped"] += 1
+                    sampling = dataclasses.replace(sampling, max_new_tokens=room) if dataclasses.is_dataclass(sampling) else sampling
+                from marft_algos.models import GenRequest
+
+                requests.append(GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling))
+                owners.append((i, agent, prompt_ids))
+            live = still_live
+            if not requests:
+                continue
+            t_gen = time.perf_counter()
+            results = self.policy.generate(requests)
+            counters["perf/generate_s"] += time.perf_counter() - t_gen
+            for (i, agent, prompt_ids), result in zip(owners, results, strict=True):
+                self._step(self.envs[i], episodes[i], agent, prompt_ids, result, counters)
+                steps[i] += 1
+        return episodes
+
+    def _advance_to_live_agent(self, env: Any, ep: Episode, counters: dict[str, float]) -> str | None:
+        """Step dead agents with None until a live agent is selected; None when the episode ended."""
+        while env.agents:
+            agent = env.agent_selection
+            if env.terminations.get(agent, False) or env.truncations.get(agent, False):
+                env.step(None)  # AEC dead step: removes the agent
+                ep.dead_steps += 1
+                counters["rollout/dead_steps"] += 1
+                continue
+            return agent
+        return None
+
+    def _step(self, env: Any, ep: Episode, agent: str, prompt_ids: list[int], result: Any, counters: dict[str, float]) -> None:
+        obs = env.observe(agent)
+        turn = int(obs.get("turn", 0)) if isinstance(obs, dict) else 0
+        if result is None:
+            text, response_ids, logprobs, finish, trainable = "", [], [], "overlong", False
+        else:
+            text = result.text
+            response_ids = list(result.token_ids)
+            logprobs = [float(x) for x in result.logprobs]
+            finish, trainable = result.finish_reason, len(response_ids) > 0
+        env.step(text)
+        reward = float(env.rewards.get(agent, 0.0))
+        info = env.infos.get(agent, {}) or {}
+        done = bool(env.terminations.get(agent, False) or env.truncations.get(agent, False))
+        flags = list(info.get("flags", []) or [])
+        if finish == "overlong":
+            flags.append("context_overflow")
+        tr = Transition(
+            episode_id=ep.episode_id,
+            group_id=ep.group_id,
+            index=len(ep.transitions),
+            turn=turn,
+            agent=agent,
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            old_logprobs=logprobs,
+            text=text,
+            finish_reason=finish,
+            reward=reward,
+            done=done,
+            flags=flags,
+            info=_json_safe({k: v for k, v in info.items() if k != "flags"}),
+            trainable=trainable,
+        )
+        ep.transitions.append(tr)
+        counters["rollout/actions"] += 1
+        counters["rollout/tokens"] += len(response_ids)
+        if finish == "length":
+            counters["rollout/length_stops"] += 1
+        grade = info.get("grade") or {}
+        if isinstance(grade, dict) and grade.get("timed_out"):
+            counters["rollout/verifier_timeouts"] += 1
+            counters[f"agent/{agent}/verifier_timeouts"] += 1
+        if "team_reward" in info and turn not in ep.info.setdefault("graded_turns", []):
+            # The turn was graded: credit its team reward to every action of that turn
+            # (once per turn, even if the env leaves the info on later steps).
+            ep.info["graded_turns"].append(turn)
+            team_r = float(info["team_reward"])
+            for prev in ep.transitions:
+                if prev.turn == turn:
+                    prev.team_reward = team_r
+            ep.team_return += team_r
+            if isinstance(grade, dict) and "correct" in grade:
+                ep.correct = bool(grade["correct"])
+            elif ep.correct is None:
+                ep.correct = team_r > 0
+
+    def _finish(self, env: Any, ep: Episode) -> None:
+        if ep.correct is None:
+            ep.correct = ep.team_return > 0
+        ep.info["problem_id"] = ep.problem_id
+
+    def _metrics(self, episodes: list[Episode], counters: dict[str, float], elapsed: float) -> dict[str, float]:
+        m: dict[str, float] = {k: float(v) for k, v in counters.items()}
+        if not episodes:
+            return m
+        m["team/reward"] = float(np.mean([ep.team_return for ep in episodes]))
+        m["team/accuracy"] = float(np.mean([bool(ep.correct) for ep in episodes]))
+        m["team/tokens_per_episode"] = float(np.mean([ep.num_tokens for ep in episodes]))
+        m["rollout/episodes"] = float(len(episodes))
+        m["perf/rollout_s"] = elapsed
+        m["perf/rollout_tokens_per_s"] = counters.get("rollout/tokens", 0.0) / max(elapsed, 1e-9)
+        by_agent: dict[str, list[Transition]] = defaultdict(list)
+        for ep in episodes:
+            for t in ep.transitions:
+                by_agent[t.agent].append(t)
+        for agent, trs in by_agent.items():
+            m[f"agent/{agent}/reward"] = float(np.mean([t.reward for t in trs]))
+            m[f"agent/{agent}/response_len"] = float(np.mean([t.num_tokens for t in trs]))
+            m[f"agent/{agent}/length_stop_frac"] = float(np.mean([t.finish_reason == "length" for t in trs]))
+        return m
+
+
+def iter_minibatches(items: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[list[Any]]:
+    """Shuffle ``items`` with ``rng`` and yield ``num_minibatches`` near-equal chunks."""
+    order = rng.permutation(len(items))
+    for chunk in np.array_split(order, min(num_minibatches, max(len(items), 1))):
+        if len(chunk):
+            yield [items[int(j)] for j in chunk]

@@ -1,0 +1,639 @@
+"""The trainer interface every algorithm implements, and the algorithm registry.
+
+One training step reads like the papers::
+
+    batch   = trainer.collect()              # many env copies, AEC loop, batched generation
+    trainer.compute_advantages(batch)        # fills Transition.advantage / returns / value
+    metrics = trainer.update(batch)          # PPO-style epochs x agents x minibatches
+
+Algorithms differ only in :meth:`Trainer.compute_advantages` and the losses
+(:meth:`Trainer.policy_loss`, :meth:`Trainer.extra_losses`). Everything else (rollouts,
+per-agent optimizers and schedulers, the NaN/inf guard, logging, checkpoints) lives
+here and is shared.
+
+Extension points for subclasses (e.g. action-/token-level MARFT with a critic):
+
+- :meth:`setup` builds extra modules (critic, value heads) after the policy exists.
+- :meth:`build_optimizers` / :meth:`build_schedulers` return dicts keyed by name
+  (policy optimizers are keyed by agent; add e.g. ``"critic"``).
+- :meth:`optimizer_keys` says which optimizers one agent's minibatch steps
+  (default: that agent's; IPPO adds ``"value/<agent>"``).
+- :meth:`update_agents` says which agents update at this step and in which order
+  (agent-by-agent schedules override it).
+- :meth:`prepare_update` runs once per batch before the epochs (old / reference
+  log-probs); :meth:`before_optimizer_step` may veto a step (KL hard cut).
+- :meth:`state_dict` / :meth:`load_state_dict`: extend with ``super()`` to checkpoint
+  extra state (critic weights, value heads, ...).
+
+Register an algorithm with :func:`register_algorithm`; the CLI finds it by name.
+Modules placed in ``marft_algos/algos/`` are imported on first lookup, so a new
+algorithm module that calls ``register_algorithm`` at import time is found by name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import random
+import time
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from marft_algos.config import GRPOConfig, IPPOConfig, TrainConfig
+from marft_algos.rollout import RolloutBatch, RolloutCollector, Transition, iter_minibatches
+
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmSpec",
+    "UnknownAlgorithmError",
+    "register_algorithm",
+    "get_algorithm",
+    "list_algorithms",
+    "Trainer",
+    "pad_sequences",
+]
+
+
+# --------------------------------------------------------------------------------------
+# registry
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """A registered algorithm: its trainer class, config class and a one-line summary."""
+
+    name: str
+    trainer_cls: type[Trainer]
+    config_cls: type[TrainConfig]
+    description: str = ""
+
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {}
+
+
+class UnknownAlgorithmError(KeyError):
+    """An algorithm name that is not registered (the message suggests close names)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+def register_algorithm(
+    name: str,
+    trainer_cls: type[Trainer],
+    config_cls: type[TrainConfig],
+    description: str = "",
+    *,
+    overwrite: bool = False,
+) -> AlgorithmSpec:
+    """Register ``trainer_cls`` / ``config_cls`` under ``name`` (e.g. ``"marft-action"``)."""
+    if name in ALGORITHMS and not overwrite and ALGORITHMS[name].trainer_cls is not trainer_cls:
+        raise ValueError(f"algorithm {name!r} is already registered ({ALGORITHMS[name].trainer_cls.__name__})")
+    if not (isinstance(config_cls, type) and issubclass(config_cls, TrainConfig)):
+        raise TypeError(f"config_cls must be a TrainConfig subclass, got {config_cls!r}")
+    doc = description or next(iter((trainer_cls.__doc__ or "").strip().splitlines()), "")
+    spec = AlgorithmSpec(name=name, trainer_cls=trainer_cls, config_cls=config_cls, description=doc)
+    ALGORITHMS[name] = spec
+    return spec
+
+
+def _discover() -> None:
+    """Import every module of ``marft_algos.algos`` (they register themselves)."""
+    import marft_algos.algos  # noqa: F401  (its __init__ imports all algorithm modules)
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+    """Look up an algorithm by name; unknown names raise with a "did you mean" hint."""
+    _discover()
+    if name not in ALGORITHMS:
+        close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownAlgorithmError(f"unknown algorithm {name!r}.{hint} Available: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[name]
+
+
+def list_algorithms() -> list[AlgorithmSpec]:
+    _discover()
+    return [ALGORITHMS[k] for k in sorted(ALGORITHMS)]
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------
+
+
+def pad_sequences(seqs: Sequence[Sequence[float]], length: int, value: float = 0.0, device: Any = None) -> torch.Tensor:
+    """Right-pad float sequences to ``length`` (extra elements are cut) -> [B, length]."""
+    out = torch.full((len(seqs), length), value, dtype=torch.float32, device=device)
+    for i, s in enumerate(seqs):
+        n = min(len(s), length)
+        if n:
+            out[i, :n] = torch.as_tensor(list(s[:n]), dtype=torch.float32, device=device)
+    return out
+
+
+def _lr_lambda(warmup: int, total: int, kind: str) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if kind == "linear" and total > warmup:
+            return max(0.0, 1.0 - (step - warmup) / (total - warmup))
+        return 1.0
+
+    return f
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch RNG states (restored exactly on resume)."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------------------
+# the trainer
+# --------------------------------------------------------------------------------------
+
+
+class Trainer(ABC):
+    """Base class: collect -> compute_advantages -> update, with shared machinery.
+
+    Args:
+        config: the algorithm's config dataclass.
+        policy: a ready ``TeamPolicy`` (default: built from ``config.model`` / ``mode``).
+        env_fn: builds one env copy (default: ``marft_envs.make(config.env_id, **config.env_kwargs)``).
+        logger: a :class:`marft_algos.logging.MetricsLogger` (default: one in
+            ``config.out_dir`` if set, else metrics are only kept in ``self.history``).
+
+    Attributes:
+        agents: the env's ``possible_agents`` (= policy roles).
+        optimizers / schedulers: dicts keyed by name (an agent, or e.g. ``"value/<agent>"``).
+        global_step: completed training steps.
+        counters: cumulative counters (``train/nonfinite_skips``, ``rollout/verifier_timeouts``, ...).
+        history: the metrics dict of every step.
+    """
+
+    config_cls: ClassVar[type[TrainConfig]] = TrainConfig
+    #: group size used by the collector (GRPO: config.group_size)
+    group_size: int = 1
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        policy: Any = None,
+        env_fn: Callable[[], Any] | None = None,
+        logger: Any = None,
+    ) -> None:
+        if not isinstance(config, self.config_cls):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}")
+        self.config = config
+        seed_everything(config.seed)
+        self.env_fn = env_fn or self.default_env_fn(config)
+        self.collector = self.build_collector(self.env_fn)
+        self.agents: list[str] = self.collector.possible_agents
+        config.check_agents(self.agents)
+        self.policy = policy if policy is not None else self.build_policy()
+        self.collector.policy = self.policy
+        self.device = self._policy_device()
+        self.global_step = 0
+        self.optimizer_steps: dict[str, int] = defaultdict(int)
+        self.counters: dict[str, float] = defaultdict(float)
+        self.history: list[dict[str, float]] = []
+        # Minibatch order has its own generator so that sampling noise elsewhere cannot shift it.
+        self.np_rng = np.random.default_rng(config.seed + 1)
+        self.setup()
+        self.optimizers = self.build_optimizers()
+        self.schedulers = self.build_schedulers()
+        if logger is None and config.out_dir:
+            from marft_algos.logging import MetricsLogger
+
+            logger = MetricsLogger(config.out_dir, tensorboard=config.tensorboard)
+        self.logger = logger
+        self._start_time = time.time()
+
+    # ---- construction hooks ------------------------------------------------------
+    @staticmethod
+    def default_env_fn(config: TrainConfig) -> Callable[[], Any]:
+        import marft_envs
+
+        env_id, kwargs = config.env_id, dict(config.env_kwargs)
+        return lambda: marft_envs.make(env_id, **kwargs)
+
+    def build_collector(self, env_fn: Callable[[], Any]) -> RolloutCollector:
+        c = self.config
+        return RolloutCollector(
+            env_fn,
+            None,
+            num_envs=c.num_envs,
+            group_size=self.group_size,
+            seed=c.seed,
+            mode="train",
+            sampling_overrides=c.sampling_overrides,
+            max_context=c.max_context,
+        )
+
+    def build_policy(self) -> Any:
+        from marft_algos.models import LoraSettings, TeamPolicy
+
+        c = self.config
+        base: Any = c.model
+        if c.model_per_agent:
+            base = {a: c.model_per_agent.get(a, c.model) for a in self.agents}
+        lora = LoraSettings(r=c.lora_r, alpha=c.lora_alpha, dropout=c.lora_dropout)
+        kwargs: dict[str, Any] = {"base": base, "mode": c.mode, "lora": lora}
+        if c.device != "auto":
+            kwargs["device"] = c.device
+        if c.dtype is not None:
+            kwargs["dtype"] = c.dtype
+        return TeamPolicy(list(self.agents), **kwargs)
+
+    def _policy_device(self) -> torch.device:
+        dev = getattr(self.policy, "device", None)
+        if dev is not None:
+            return torch.device(dev)
+        for role in self.agents:
+            for p in self.policy.trainable_parameters(role):
+                return p.device
+        return torch.device("cpu")
+
+    def setup(self) -> None:  # noqa: B027  (optional hook)
+        """Hook: build extra modules (value heads, critic) before optimizers are built."""
+
+    def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """One AdamW per agent over that agent's trainable parameters.
+
+        Agents that share parameters (mode="shared") share one optimizer object.
+        """
+        c = self.config
+        optimizers: dict[str, torch.optim.Optimizer] = {}
+        by_params: dict[tuple[int, ...], torch.optim.Optimizer] = {}
+        for agent in self.agents:
+            params = [p for p in self.policy.trainable_parameters(agent) if p.requires_grad]
+            if not params:
+                raise RuntimeError(f"agent {agent!r} has no trainable parameters")
+            key = tuple(sorted(id(p) for p in params))
+            if key not in by_params:
+                by_params[key] = torch.optim.AdamW(params, lr=c.agent_lr(agent), weight_decay=c.weight_decay, eps=c.adam_eps)
+            optimizers[agent] = by_params[key]
+        return optimizers
+
+    def build_schedulers(self) -> dict[str, torch.optim.lr_scheduler.LRScheduler]:
+        c = self.config
+        total = max(1, c.steps * c.ppo_epochs * c.num_minibatches)
+        out: dict[str, torch.optim.lr_scheduler.LRScheduler] = {}
+        made: dict[int, torch.optim.lr_scheduler.LRScheduler] = {}
+        for name, opt in self.optimizers.items():
+            if id(opt) not in made:
+                made[id(opt)] = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(c.warmup_steps, total, c.lr_scheduler))
+            out[name] = made[id(opt)]
+        return out
+
+    # ---- the three phases --------------------------------------------------------
+    def collect(self) -> RolloutBatch:
+        """Play ``config.num_envs`` episodes with the current policy (no gradients)."""
+        with torch.no_grad():
+            return self.collector.collect()
+
+    @abstractmethod
+    def compute_advantages(self, batch: RolloutBatch) -> None:
+        """Fill ``advantage`` (and ``returns`` / ``value`` where used) of every trainable transition."""
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """PPO-style update: epochs x agents x minibatches; returns averaged metrics."""
+        c = self.config
+        sums: dict[str, list[float]] = defaultdict(list)
+        self.prepare_update(batch)
+        for epoch in range(c.ppo_epochs):
+            for agent in self.update_agents(batch):
+                transitions = batch.agent_transitions(agent)
+                if not transitions:
+                    continue
+                for mb in iter_minibatches(transitions, c.num_minibatches, self.np_rng):
+                    for k, v in self.train_minibatch(agent, mb, epoch=epoch).items():
+                        sums[k].append(v)
+        self.after_update(batch)
+        return {k: float(np.mean(v)) for k, v in sums.items()}
+
+    # ---- update internals (overridable) --------------------------------------------
+    def update_agents(self, batch: RolloutBatch) -> list[str]:
+        """Agents updated at this step, in order (default: all agents with data)."""
+        present = set(batch.agents)
+        return [a for a in self.agents if a in present]
+
+    def optimizer_keys(self, agent: str) -> list[str]:
+        """Optimizers stepped by one minibatch of ``agent`` (extend for value heads / critic)."""
+        return [agent]
+
+    def needs_old_logprobs_pass(self) -> bool:
+        """Old log-probs need their own no-grad pass unless each sample is seen exactly once."""
+        return self.config.ppo_epochs > 1 or self.config.num_minibatches > 1
+
+    def needs_reference(self) -> bool:
+        return float(getattr(self.config, "beta", 0.0)) > 0
+
+    def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
+        """Compute old (and reference) log-probs on the sampled tokens, before any update.
+
+        With one epoch and one minibatch the current log-probs detached ARE the old ones
+        (the ratio is 1 at the first gradient), so this pass is skipped: it saves a forward.
+        """
+        need_old, need_ref = self.needs_old_logprobs_pass(), self.needs_reference()
+        if not (need_old or need_ref):
+            return
+        with torch.no_grad():
+            for agent in self.agents:
+                trs = batch.agent_transitions(agent)
+                for s in range(0, len(trs), chunk):
+                    part = trs[s : s + chunk]
+                    prompts = [t.prompt_ids for t in part]
+                    responses = [t.response_ids for t in part]
+                    if need_old:
+                        self.policy.set_train_role(agent)
+                        stats = self.policy.sequence_logprobs(agent, prompts, responses)
+                        for t, lp, m in zip(part, stats.logprobs, stats.mask, strict=True):
+                            t.extras["old_logp"] = lp[m.bool()].float().cpu().tolist()
+                    if need_ref:
+                        ref = self.policy.sequence_logprobs(agent, prompts, responses, reference=True)
+                        for t, lp, m in zip(part, ref.logprobs, ref.mask, strict=True):
+                            t.extras["ref_logp"] = lp[m.bool()].float().cpu().tolist()
+
+    def train_minibatch(self, agent: str, mb: list[Transition], *, epoch: int = 0) -> dict[str, float]:
+        """Loss on one minibatch of ``agent``'s transitions and one guarded optimizer step."""
+        self.policy.set_train_role(agent)
+        stats = self.policy.sequence_logprobs(agent, [t.prompt_ids for t in mb], [t.response_ids for t in mb])
+        loss, metrics = self.policy_loss(agent, mb, stats)
+        extra, extra_metrics = self.extra_losses(agent, mb, stats)
+        metrics.update(extra_metrics)
+        total = loss + extra if extra is not None else loss
+        ok, grad_norms = self.optimizer_step(agent, total, metrics)
+        for name, gn in grad_norms.items():
+            prefix = f"agent/{agent}" if name == agent else name
+            metrics[f"{prefix}/grad_norm"] = gn
+        metrics[f"agent/{agent}/loss"] = float(total.detach()) if torch.isfinite(total.detach()) else float("nan")
+        return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+    def old_logprobs(self, mb: list[Transition], stats: Any) -> torch.Tensor:
+        """Old log-probs [B, T] aligned with ``stats.logprobs``."""
+        if "old_logp" in mb[0].extras:
+            return pad_sequences([t.extras["old_logp"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
+        return stats.logprobs.detach()
+
+    def advantages_tensor(self, mb: list[Transition], stats: Any) -> torch.Tensor:
+        """Advantages broadcast over tokens -> [B, T] (token-level subclasses override)."""
+        adv = torch.tensor([float(t.advantage) for t in mb], dtype=torch.float32, device=stats.logprobs.device)
+        return adv[:, None].expand_as(stats.logprobs)
+
+    def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Clipped PPO surrogate (+ beta * KL to the reference policy when ``beta > 0``)."""
+        from marft_algos import losses
+
+        c = self.config
+        mask = stats.mask.float()
+        logp = stats.logprobs
+        old_logp = self.old_logprobs(mb, stats)
+        adv = self.advantages_tensor(mb, stats)
+        eps_low = float(getattr(c, "eps_low", 0.2))
+        eps_high = float(getattr(c, "eps_high", eps_low))
+        agg = getattr(c, "loss_agg", "token")
+        loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, agg=agg)
+        m = {f"agent/{agent}/{k}": float(v) for k, v in _as_metrics(info).items()}
+        m[f"agent/{agent}/policy_loss"] = float(loss.detach())
+        m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))
+        m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
+        beta = float(getattr(c, "beta", 0.0))
+        if beta > 0 and "ref_logp" in mb[0].extras:
+            ref_logp = pad_sequences([t.extras["ref_logp"] for t in mb], logp.shape[1], device=logp.device)
+            kl = losses.kl_to_reference(logp, ref_logp, mask)
+            loss = loss + beta * kl
+            m[f"agent/{agent}/ref_kl"] = float(kl.detach())
+        return loss, m
+
+    def extra_losses(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """Hook: additional loss terms on the same minibatch (value loss, entropy bonus, ...)."""
+        return None, {}
+
+    def before_optimizer_step(self, agent: str, metrics: dict[str, float]) -> bool:
+        """Hook: return False to skip this agent's step (e.g. a KL hard cut)."""
+        return True
+
+    def optimizer_step(self, agent: str, loss: torch.Tensor, metrics: dict[str, float]) -> tuple[bool, dict[str, float]]:
+        """Backward + clip + step, guarded: a non-finite loss or gradient never reaches the weights.
+
+        Returns (stepped, {optimizer key: grad norm}). Skips are counted in
+        ``train/nonfinite_skips`` and logged.
+        """
+        keys = self.optimizer_keys(agent)
+        opts = {k: self.optimizers[k] for k in keys}
+        for opt in opts.values():
+            opt.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss.detach()).all():
+            self._skip_nonfinite(agent, "loss", opts)
+            return False, {}
+        loss.backward()
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        norms: dict[str, float] = {}
+        seen: set[int] = set()
+        for k, opt in opts.items():
+            if id(opt) in seen:
+                continue
+            seen.add(id(opt))
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            if params:
+                # error_if_nonfinite=False: we check ourselves and skip instead of raising.
+                norms[k] = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not all(math.isfinite(v) for v in norms.values()):
+            self._skip_nonfinite(agent, "grad", opts)
+            return False, norms
+        if not self.before_optimizer_step(agent, metrics):
+            for opt in opts.values():
+                opt.zero_grad(set_to_none=True)
+            return False, norms
+        stepped: set[int] = set()
+        for k, opt in opts.items():
+            if id(opt) in stepped:
+                continue
+            stepped.add(id(opt))
+            opt.step()
+            if k in self.schedulers:
+                self.schedulers[k].step()
+            opt.zero_grad(set_to_none=True)
+            self.optimizer_steps[k] += 1
+        return True, norms
+
+    def _skip_nonfinite(self, agent: str, where: str, opts: dict[str, torch.optim.Optimizer]) -> None:
+        for opt in opts.values():
+            opt.zero_grad(set_to_none=True)
+        self.counters["train/nonfinite_skips"] += 1
+        self.counters[f"agent/{agent}/nonfinite_skips"] += 1
+        import logging
+
+        logging.getLogger("marft").warning(
+            "step %d, agent %s: non-finite %s, optimizer step skipped (total skips: %d)",
+            self.global_step, agent, where, int(self.counters["train/nonfinite_skips"]),
+        )
+
+    def after_update(self, batch: RolloutBatch) -> None:  # noqa: B027  (optional hook)
+        """Hook: runs after all minibatches of a step (e.g. sync a target network)."""
+
+    # ---- the loop ----------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        """One full step; returns its metrics (also logged and appended to ``history``)."""
+        t0 = time.perf_counter()
+        batch = self.collect()
+        t1 = time.perf_counter()
+        self.compute_advantages(batch)
+        metrics = self.update(batch)
+        t2 = time.perf_counter()
+        self.global_step += 1
+        for key in ("rollout/verifier_timeouts", "rollout/overlong"):
+            self.counters[key + "_total"] += batch.metrics.get(key, 0.0)
+        out: dict[str, float] = {"train/step": float(self.global_step)}
+        out.update(batch.metrics)
+        out.update(metrics)
+        out.update({k: float(v) for k, v in self.counters.items()})
+        for agent in self.agents:
+            if agent in self.schedulers:
+                out[f"agent/{agent}/lr"] = float(self.schedulers[agent].get_last_lr()[0])
+        out["perf/collect_s"] = t1 - t0
+        out["perf/update_s"] = t2 - t1
+        out["perf/step_s"] = t2 - t0
+        self.history.append(out)
+        if self.logger is not None:
+            if self.global_step % self.config.log_every == 0:
+                self.logger.log(self.global_step, out)
+            te = self.config.transcript_every
+            if te and self.global_step % te == 0:
+                self.logger.log_transcripts(self.global_step, batch.episodes[: self.config.transcripts_per_step])
+        self.last_batch = batch
+        return out
+
+    def train(self, steps: int | None = None) -> list[dict[str, float]]:
+        """Train until ``global_step == steps`` (default ``config.steps``) or ``max_minutes``."""
+        from tqdm.auto import tqdm
+
+        c = self.config
+        target = c.steps if steps is None else steps
+        start = time.time()
+        bar = tqdm(total=target, initial=self.global_step, disable=not c.progress, desc=f"{type(self).__name__}", dynamic_ncols=True)
+        new: list[dict[str, float]] = []
+        try:
+            while self.global_step < target:
+                if c.max_minutes is not None and time.time() - start > 60 * c.max_minutes:
+                    bar.write(f"time budget of {c.max_minutes} min reached after {self.global_step} steps")
+                    break
+                m = self.train_step()
+                new.append(m)
+                bar.update(1)
+                bar.set_postfix(team_reward=f"{m.get('team/reward', float('nan')):.3f}", step_s=f"{m['perf/step_s']:.1f}")
+                if c.out_dir and c.save_every and self.global_step % c.save_every == 0:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        if c.out_dir:
+            self.save_checkpoint()
+            if c.plot and self.logger is not None:
+                from marft_algos.plotting import plot_learning_curve
+
+                plot_learning_curve(self.logger.metrics_path, Path(c.out_dir) / "learning_curve.png")
+        if self.logger is not None:
+            self.logger.flush()
+        return new
+
+    # ---- checkpoint hooks --------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the policy weights (saved by ``policy.save``): extend with super()."""
+        seen: dict[int, str] = {}
+        opt_states: dict[str, Any] = {}
+        for k, opt in self.optimizers.items():
+            if id(opt) in seen:
+                opt_states[k] = {"alias_of": seen[id(opt)]}
+            else:
+                seen[id(opt)] = k
+                opt_states[k] = opt.state_dict()
+        sched_states = {k: s.state_dict() for k, s in self.schedulers.items()}
+        return {
+            "algo": type(self.config).algo,
+            "global_step": self.global_step,
+            "optimizer_steps": dict(self.optimizer_steps),
+            "counters": dict(self.counters),
+            "optimizers": opt_states,
+            "schedulers": sched_states,
+            "rng": rng_state(),
+            "np_rng": self.np_rng.bit_generator.state,
+            "collector": self.collector.state_dict(),
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.global_step = int(state["global_step"])
+        self.optimizer_steps = defaultdict(int, state.get("optimizer_steps", {}))
+        self.counters = defaultdict(float, state.get("counters", {}))
+        for k, s in state["optimizers"].items():
+            if k in self.optimizers and "alias_of" not in s:
+                self.optimizers[k].load_state_dict(s)
+        for k, s in state["schedulers"].items():
+            if k in self.schedulers:
+                self.schedulers[k].load_state_dict(s)
+        self.np_rng.bit_generator.state = state["np_rng"]
+        self.collector.load_state_dict(state["collector"])
+        self.history = list(state.get("history", []))
+        set_rng_state(state["rng"])
+
+    def save_checkpoint(self, root: str | Path | None = None) -> Path:
+        """Atomic checkpoint under ``<out_dir>/checkpoints`` (see :mod:`marft_algos.checkpoint`)."""
+        from marft_algos.checkpoint import save_checkpoint
+
+        root = Path(root) if root is not None else Path(self.config.out_dir or ".") / "checkpoints"
+        return save_checkpoint(self, root, keep=self.config.keep_checkpoints)
+
+    def load_checkpoint(self, path: str | Path) -> Path:
+        """Restore from a checkpoint dir, a ``checkpoints`` root, or a run dir (newest complete one)."""
+        from marft_algos.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, path)
+
+
+def _as_metrics(info: Any) -> dict[str, float]:
+    if info is None:
+        return {}
+    if isinstance(info, dict):
+        out = {}
+        for k, v in info.items():
+            try:
+                out[k] = float(v.detach()) if torch.is_tensor(v) else float(v)
+            except (TypeError, ValueError):
+                continue
+        return out
+    return {}
+
+
+# re-exported so `from marft_algos.trainer import GRPOConfig` works for subclass authors
+_ = (GRPOConfig, IPPOConfig)
