@@ -1,0 +1,477 @@
+"""Text team environments: any :class:`~marft_envs.tasks.base.Task` played by any :class:`~marft_envs.profiles.Team`.
+
+| Property        | Value                                                             |
+|-----------------|-------------------------------------------------------------------|
+| API             | PettingZoo ``AECEnv``                                             |
+| Agents          | the team's roles, e.g. ``["reasoner", "actor"]``                  |
+| Acting order    | the team topology (the Flex-POMDP dependency function D), recomputed after every action |
+| Action space    | ``UnicodeText(max_action_chars)``: any string                     |
+| Observation     | ``{"prompt": str, "turn": int}``: ``Dict(prompt=UnicodeText, turn=Discrete(horizon + 1))`` |
+| Reward          | shared team reward, set for every agent when a turn is graded      |
+| Episode         | ``horizon`` turns; ends early (termination) on a correct answer    |
+
+**Turns.** In each turn every agent that the topology schedules acts once;
+``next_agent(executed)`` picks who acts next given the ``(agent, action)``
+pairs executed so far, and ``None`` ends the turn. The answering agent (the
+last executed agent whose profile has ``with_answer``) is then graded.
+
+**Observations.** An agent sees its profile prompt (the system message), the
+problem, the actions of the agents it depends on in this turn (its
+``parents``), in multi-turn episodes its own and its parents' actions of earlier
+turns plus the feedback line, and, if it answers, the task's instructions.
+``observe(agent)["prompt"]`` is the plain-text form; ``messages(agent)`` the chat
+form (``system`` = profile prompt, ``user`` = the rest).
+
+**Rewards.** When a turn is graded, ``rewards[agent]`` is the team reward for
+every agent (PettingZoo semantics: ``last()`` returns it, accumulated, at the
+agent's next turn; dead steps follow). The components and a per-agent
+``attribution`` (equal shares among the agents that acted in the turn; trainers
+pick their own credit scheme) are in ``infos``. See :mod:`marft_envs.rewards`.
+
+**Episode end.** A correct answer *terminates* the episode (a goal state). At
+the horizon without a correct answer the episode is *truncated*: the problem
+is unsolved, the time budget is spent. No observation follows either way, so
+a trainer should not bootstrap past the last turn in a fixed-horizon episode;
+the distinction only tells success from running out of turns.
+
+**Bad actions never raise.** ``None`` for a live agent, non-strings, empty,
+enormous (truncated to ``max_action_chars``), binary-looking (control
+characters removed) or invalid Unicode (lone surrogates replaced) actions are
+sanitized and flagged in ``infos[agent]["flags"]``; an ungradable answer is
+wrong (reward from the outcome term 0). Dead agents must step ``None``
+(PettingZoo's rule; anything else raises ``ValueError``).
+
+**Optional task hook.** A task may define ``grade_turn(executed, answer_agent,
+problem) -> GradeResult`` to grade the whole turn instead of the answering
+agent's text alone (used by :class:`~marft_envs.tasks.echo.EchoTask`).
+
+**Info keys after a graded turn:** ``turn``, ``team_reward``,
+``reward_components``, ``attribution``, ``grade`` (GradeResult fields),
+``flags`` (this agent's action flags plus the turn's flags), ``action_flags``
+(per agent), ``answer_agent``, ``executed`` (agents in execution order),
+``problem_id``. Between graded turns an agent's info is ``{"turn", "flags"}``.
+Wall-clock fields of a grade (``details["seconds"]``) are kept out of infos,
+which must be reproducible; they are in ``env.last_grade_timing`` and the
+longest grading time in ``env.max_grade_seconds``.
+
+Flags: ``none_action``, ``not_a_string``, ``empty_action``, ``action_truncated``,
+``binary_action``, ``invalid_unicode``, ``route_unparsed``, ``no_answer_agent``,
+``grade_error``, ``grade_timeout``. Counters of these over the env's lifetime:
+``env.stats``.
+
+Arguments: ``task`` (a Task, a short name such as ``"arith"`` or
+``"module:Class"``), ``team`` / ``profiles`` (a Team, a built-in team name, a
+JSON path or a profile list), ``horizon`` (1), ``feedback`` (False),
+``reward`` (dict of weights, see :class:`~marft_envs.rewards.RewardConfig`),
+``max_action_chars`` (4096), ``render_mode`` (``"human"`` | ``"ansi"`` | None),
+``task_kwargs`` and any other keyword (``split``, ``data_dir``, ``digits``, ...)
+go to the task's constructor.
+
+Version history: v0: initial release.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.utils import seeding
+from pettingzoo import AECEnv
+
+from marft_envs.profiles import Team
+from marft_envs.rewards import RewardConfig
+from marft_envs.spaces import UnicodeText, action_space, observation_space
+from marft_envs.tasks import resolve_task_class
+from marft_envs.tasks.base import GradeResult, Problem, Task
+
+__all__ = ["TextTeamEnv", "env", "raw_env", "sanitize_action"]
+
+logger = logging.getLogger("marft_envs")
+
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# Wall-clock measurements vary run to run; infos must not (PettingZoo's seed_test compares them).
+_TIMING_KEYS = frozenset({"seconds", "elapsed", "elapsed_s", "time", "wall_time", "duration"})
+_STAT_KEYS = (
+    "turns",
+    "episodes",
+    "bad_actions",
+    "route_unparsed",
+    "grade_errors",
+    "grade_timeouts",
+    "no_answer_agent",
+)
+
+
+def sanitize_action(action: Any, max_chars: int) -> tuple[str, list[str]]:
+    """``(text, flags)``: any action made into a string of at most ``max_chars`` characters."""
+    flags: list[str] = []
+    if action is None:
+        return "", ["none_action", "empty_action"]
+    if isinstance(action, str):
+        text = str(action)  # np.str_ and other subclasses -> plain str
+    else:
+        flags.append("not_a_string")
+        try:
+            if isinstance(action, (bytes, bytearray, memoryview)):
+                text = bytes(action[: 4 * max_chars]).decode("utf-8", errors="replace")
+            else:
+                text = str(action)
+        except Exception:
+            text = ""
+    if len(text) > max_chars:
+        text = text[:max_chars]
+        flags.append("action_truncated")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates cannot reach a tokenizer or a log file
+        text = text.encode("utf-8", errors="replace").decode("utf-8")
+        flags.append("invalid_unicode")
+    if _CONTROL_RE.search(text):
+        text = _CONTROL_RE.sub("", text)
+        flags.append("binary_action")
+    if not text.strip():
+        flags.append("empty_action")
+    return text, flags
+
+
+def _build_task(task: Task | str, task_kwargs: Mapping[str, Any] | None, options: dict[str, Any]) -> Task:
+    if isinstance(task, Task):
+        if task_kwargs or options:
+            raise TypeError(
+                f"unexpected arguments {sorted({**(task_kwargs or {}), **options})} for a Task instance "
+                "(task options apply only when the task is given by name)"
+            )
+        return task
+    if not isinstance(task, str):
+        raise TypeError(f"task must be a Task, a task name or 'module:Class', got {type(task).__name__}")
+    cls = resolve_task_class(task)
+    kwargs = {**(task_kwargs or {}), **options}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise TypeError(f"task {task!r} ({cls.__name__}) rejected arguments {sorted(kwargs)}: {e}") from e
+
+
+class TextTeamEnv(AECEnv):
+    """A team of LLM agents solving a text task (see the module docstring)."""
+
+    metadata = {"name": "text_team_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
+
+    def __init__(
+        self,
+        task: Task | str = "arith",
+        team: Team | str | list | dict | None = None,
+        *,
+        profiles: Team | str | list | dict | None = None,
+        horizon: int = 1,
+        feedback: bool = False,
+        reward: RewardConfig | Mapping[str, Any] | None = None,
+        max_action_chars: int = 4096,
+        render_mode: str | None = None,
+        task_kwargs: Mapping[str, Any] | None = None,
+        **task_options: Any,
+    ):
+        super().__init__()
+        if team is not None and profiles is not None:
+            raise ValueError("give either team= or profiles= (the same thing), not both")
+        if not (isinstance(horizon, (int, np.integer)) and not isinstance(horizon, bool) and horizon >= 1):
+            raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+        if not (isinstance(max_action_chars, (int, np.integer)) and max_action_chars >= 1):
+            raise ValueError(f"max_action_chars must be an integer >= 1, got {max_action_chars!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.task: Task = _build_task(task, task_kwargs, task_options)
+        self.team: Team = Team.load(team if team is not None else (profiles if profiles is not None else "duo"))
+        self.horizon = int(horizon)
+        self.feedback = bool(feedback)
+        self.reward_config = RewardConfig.from_any(reward)
+        self.max_action_chars = int(max_action_chars)
+        self.render_mode = render_mode
+        self.metadata = {**type(self).metadata, "name": f"{self.task.name}_{self.team.name}_v0"}
+
+        self.possible_agents = self.team.agents
+        n = len(self.possible_agents)
+        max_prompt = 65_536 + self.horizon * n * (self.max_action_chars + 256)
+        # One space object per agent, created once: api_test and seeding rely on identity.
+        self._observation_spaces = {a: observation_space(max_prompt, self.horizon) for a in self.possible_agents}
+        self._action_spaces = {a: action_space(self.max_action_chars) for a in self.possible_agents}
+        self._max_prompt = max_prompt
+
+        self.stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
+        #: Timing fields of the last grade (kept out of infos, which must be deterministic).
+        self.last_grade_timing: dict[str, Any] = {}
+        self.max_grade_seconds = 0.0
+        self._np_random: np.random.Generator | None = None
+        self._np_random_seed: int | None = None
+        self.problem: Problem | None = None
+        self.agents: list[str] = []
+        self.turn = 0
+        self._executed: list[tuple[str, str]] = []
+        self._history: list[list[tuple[str, str]]] = []
+        self._feedback_lines: list[str] = []
+        self._action_flags: dict[str, list[str]] = {}
+        self._turn_flags: list[str] = []
+
+    # ------------------------------------------------------------------ spaces
+    def observation_space(self, agent: str) -> gymnasium.spaces.Dict:
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: str) -> UnicodeText:
+        return self._action_spaces[agent]
+
+    # -------------------------------------------------------------- properties
+    @property
+    def num_problems(self) -> int:
+        return len(self.task)
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        if self._np_random is None:
+            self._np_random, self._np_random_seed = seeding.np_random()
+        return self._np_random
+
+    @property
+    def executed(self) -> list[tuple[str, str]]:
+        """``(agent, action)`` pairs of the current turn, in execution order."""
+        return list(self._executed)
+
+    @property
+    def history(self) -> list[list[tuple[str, str]]]:
+        """Executed pairs of the earlier turns of this episode."""
+        return [list(t) for t in self._history]
+
+    # ------------------------------------------------------------------- reset
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Start an episode: ``seed`` fixes the problem drawn; ``options={"problem_index": k}`` picks one."""
+        if seed is not None:
+            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        options = options or {}
+        if "problem_index" in options:
+            k = options["problem_index"]
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < len(self.task):
+                raise ValueError(f"problem_index must be an int in [0, {len(self.task)}), got {k!r}")
+            self.problem = self.task.get(int(k))
+        else:
+            self.problem = self.task.sample(self.np_random)
+
+        self.agents = list(self.possible_agents)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {a: {"turn": 0, "flags": []} for a in self.agents}
+        self.turn = 0
+        self._executed = []
+        self._history = []
+        self._feedback_lines = []
+        self._action_flags = {}
+        self._turn_flags = []
+        self._skip_agent_selection = None
+        self.agent_selection = self._next_agent()
+        self.stats["episodes"] += 1
+        if self.render_mode == "human":
+            self.render()
+
+    # ------------------------------------------------------------------- views
+    def _visible(self, agent: str, executed: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        parents = set(self.team.topology.parents(agent, executed))
+        return [(a, x) for a, x in executed if a == agent or a in parents]
+
+    def _view(self, agent: str) -> tuple[str, str]:
+        """``(system, user)`` text of ``agent``'s observation."""
+        if self.problem is None:
+            raise RuntimeError("call reset() before observing")
+        profile = self.team.profiles[agent]
+        parts = [f"Problem:\n{self.problem.question}"]
+        for t, past in enumerate(self._history):
+            lines = [f"[{a}]: {x}" for a, x in self._visible(agent, past)]
+            if t < len(self._feedback_lines) and self._feedback_lines[t]:
+                lines.append(self._feedback_lines[t])
+            if lines:
+                parts.append(f"Turn {t + 1}:\n" + "\n\n".join(lines))
+        parents = self.team.topology.parents(agent, self._executed)
+        if parents:
+            acted = dict(self._executed)
+            shown = "\n\n".join(f"[{p}]: {acted[p]}" for p in parents if p in acted)
+            header = "Your teammates' responses" + (" in this turn" if self._history else "")
+            parts.append(f"{header}:\n{shown}")
+        if profile.with_answer and self.task.instructions:
+            parts.append(self.task.instructions)
+        return profile.prompt, "\n\n".join(parts)
+
+    def observe(self, agent: str) -> dict[str, Any]:
+        system, user = self._view(agent)
+        prompt = f"{system}\n\n{user}" if system else user
+        if len(prompt) > self._max_prompt:  # keep the observation inside its space
+            prompt = prompt[: self._max_prompt]
+        return {"prompt": prompt, "turn": min(self.turn, self.horizon)}
+
+    def messages(self, agent: str) -> list[dict[str, str]]:
+        """The observation as chat messages: system = profile prompt, user = everything else."""
+        system, user = self._view(agent)
+        msgs = [{"role": "system", "content": system}] if system else []
+        msgs.append({"role": "user", "content": user})
+        return msgs
+
+    # -------------------------------------------------------------------- step
+    def _next_agent(self) -> str:
+        nxt = self.team.topology.next_agent(self._executed)
+        if nxt is not None:
+            acted = {a for a, _ in self._executed}
+            if nxt not in self.agents or nxt in acted:
+                raise RuntimeError(
+                    f"topology {self.team.topology!r} scheduled {nxt!r}, which already acted this turn "
+                    "or is not an agent of this team"
+                )
+        return nxt  # type: ignore[return-value]
+
+    def step(self, action: Any) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        text, flags = sanitize_action(action, self.max_action_chars)
+        if flags:
+            self.stats["bad_actions"] += 1
+        self._cumulative_rewards[agent] = 0.0
+        self._clear_rewards()
+        self._executed.append((agent, text))
+        self._action_flags[agent] = flags
+        for flag in self.team.topology.step_flags(self._executed):
+            self._turn_flags.append(flag)
+            self.stats[flag] = self.stats.get(flag, 0) + 1
+            logger.info("%s: %s by %r in problem %s", self, flag, agent, self.problem.id if self.problem else None)
+        self.infos[agent] = {"turn": self.turn, "flags": list(flags)}
+
+        nxt = self._next_agent()
+        if nxt is None:
+            self._end_turn()
+        else:
+            self.agent_selection = nxt
+        self._accumulate_rewards()
+        if self.render_mode == "human":
+            self.render()
+
+    def _grade(self, answer_agent: str | None) -> GradeResult:
+        assert self.problem is not None
+        if answer_agent is None:
+            self._turn_flags.append("no_answer_agent")
+            self.stats["no_answer_agent"] += 1
+            return GradeResult(correct=False, error="no answering agent acted in this turn")
+        response = dict(self._executed)[answer_agent]
+        try:
+            hook = getattr(self.task, "grade_turn", None)
+            if callable(hook):
+                result = hook(list(self._executed), answer_agent, self.problem)
+            else:
+                result = self.task.grade(response, self.problem)
+            if not isinstance(result, GradeResult):
+                raise TypeError(f"grade returned {type(result).__name__}, not GradeResult")
+        except Exception as e:  # Task.grade must not raise; if it does, it is a wrong answer, counted
+            logger.warning("%s: grading raised %s: %s", self, type(e).__name__, e)
+            result = GradeResult(correct=False, error=f"{type(e).__name__}: {e}")
+        if result.timed_out:
+            self._turn_flags.append("grade_timeout")
+            self.stats["grade_timeouts"] += 1
+        elif result.error:
+            self._turn_flags.append("grade_error")
+            self.stats["grade_errors"] += 1
+        return result
+
+    def _end_turn(self) -> None:
+        executed = self._executed
+        answerers = [a for a, _ in executed if self.team.profiles[a].with_answer]
+        answer_agent = answerers[-1] if answerers else None
+        grade = self._grade(answer_agent)
+        components = self.reward_config.components(grade, [x for _, x in executed])
+        team_reward = RewardConfig.total(components)
+        if not math.isfinite(team_reward):
+            team_reward = 0.0
+        acted = [a for a, _ in executed]
+        attribution = {a: (1.0 / len(acted) if a in acted else 0.0) for a in self.agents}
+        grade_info = dataclasses.asdict(grade)
+        details = grade_info.get("details") or {}
+        timing = {k: v for k, v in details.items() if k in _TIMING_KEYS or str(k).endswith("_seconds")}
+        grade_info["details"] = {k: v for k, v in details.items() if k not in timing}
+        self.last_grade_timing = timing
+        seconds = timing.get("seconds")
+        if isinstance(seconds, (int, float)) and seconds > self.max_grade_seconds:
+            self.max_grade_seconds = float(seconds)
+        turn_flags = list(dict.fromkeys(self._turn_flags))
+        self.stats["turns"] += 1
+        for a in self.agents:
+            self.rewards[a] = team_reward
+            self.infos[a] = {
+                "turn": self.turn,
+                "team_reward": team_reward,
+                "reward_components": dict(components),
+                "attribution": dict(attribution),
+                "grade": dict(grade_info),
+                "flags": list(dict.fromkeys(self._action_flags.get(a, []) + turn_flags)),
+                "action_flags": {b: list(f) for b, f in self._action_flags.items()},
+                "answer_agent": answer_agent,
+                "executed": list(acted),
+                "problem_id": self.problem.id if self.problem else None,
+            }
+
+        solved = bool(grade.correct)
+        if solved or self.turn + 1 >= self.horizon:
+            for a in self.agents:
+                self.terminations[a] = solved
+                self.truncations[a] = not solved
+            self._deads_step_first()
+            return
+        # Next turn: the executed pairs become history, with the verifier's line if enabled.
+        self._history.append(list(executed))
+        if self.feedback:
+            shown = grade.extracted if grade.extracted else "no answer found"
+            self._feedback_lines.append(f"Feedback: the team's answer ({shown}) is incorrect. Try again.")
+        else:
+            self._feedback_lines.append("")
+        self.turn += 1
+        self._executed = []
+        self._action_flags = {}
+        self._turn_flags = []
+        self.agent_selection = self._next_agent()
+
+    # ------------------------------------------------------------------ render
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            gymnasium.logger.warn("render() called without a render_mode; use render_mode='human' or 'ansi'.")
+            return None
+        if self.problem is None:
+            text = "(not reset)"
+        else:
+            lines = [f"== {self.problem.id} ==", self.problem.question]
+            for t, past in enumerate([*self._history, self._executed]):
+                lines.append(f"-- turn {t + 1} --")
+                lines += [f"[{a}]: {x}" for a, x in past]
+                if t < len(self._feedback_lines) and self._feedback_lines[t]:
+                    lines.append(self._feedback_lines[t])
+            if self.agents:
+                lines.append(f"(next: {self.agent_selection})")
+            text = "\n".join(lines)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"TextTeamEnv(task={self.task!r}, team={self.team!r}, horizon={self.horizon})"
+
+
+raw_env = TextTeamEnv
+
+
+def env(**kwargs: Any) -> TextTeamEnv:
+    """PettingZoo-style factory (the registry's entry point)."""
+    return TextTeamEnv(**kwargs)

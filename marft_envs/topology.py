@@ -1,0 +1,401 @@
+"""Team topologies: the Flex-POMDP dependency function D, made explicit.
+
+In MARFT's Flex-POMDP an agent acts after, and conditions on, the actions of
+the agents it depends on. A topology is that function as an object:
+
+- ``dependency(a_i, a_j)``: can ``a_j`` depend on ``a_i`` (does ``a_j`` see ``a_i``'s action)?
+- ``parents(agent, executed)``: whose actions of the current turn ``agent`` sees,
+  given the ``(agent, action)`` pairs executed so far in the turn.
+- ``next_agent(executed)``: who acts next (``None``: the turn is complete). The
+  environment calls it after every action, so a topology may depend on what was
+  said (:class:`Routed`), not only on who spoke.
+- ``graph()``: adjacency ``{agent: [agents that depend on it]}``;
+  ``topological_order()``: an order in which every agent follows its parents.
+
+Static topologies (:class:`Chain`, :class:`DAG`, :class:`Independent`) are DAGs
+and acting order is their topological order (ties broken by declaration
+order). :class:`Independent` has no edges: a plain Dec-POMDP turn order where
+no agent sees another's action. :class:`Routed` is dynamic: the orchestrator's
+text names the specialist that acts next.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Topology",
+    "DAG",
+    "Chain",
+    "Independent",
+    "Routed",
+    "RouteDecision",
+    "TopologyError",
+    "topology_from_dict",
+]
+
+Executed = Sequence[tuple[str, str]]
+
+
+class TopologyError(ValueError):
+    """An invalid topology (a cycle, an unknown agent, a duplicate name)."""
+
+
+class Topology:
+    """Base class. Subclasses define :meth:`next_agent`, :meth:`parents` and :meth:`dependency`."""
+
+    agents: tuple[str, ...]
+    #: True when the acting order does not depend on what agents say.
+    is_static: bool = True
+
+    def next_agent(self, executed: Executed) -> str | None:
+        raise NotImplementedError
+
+    def parents(self, agent: str, executed: Executed = ()) -> list[str]:
+        raise NotImplementedError
+
+    def dependency(self, a_i: str, a_j: str) -> bool:
+        raise NotImplementedError
+
+    def graph(self) -> dict[str, list[str]]:
+        """Adjacency ``{agent: [agents that may depend on it]}`` (edges of D)."""
+        return {a: [b for b in self.agents if self.dependency(a, b)] for a in self.agents}
+
+    def topological_order(self) -> list[str]:
+        raise NotImplementedError
+
+    def step_flags(self, executed: Executed) -> list[str]:
+        """Flags raised by the last executed action (e.g. ``"route_unparsed"``)."""
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _check_agent(self, agent: str) -> None:
+        if agent not in self.agents:
+            raise KeyError(f"unknown agent {agent!r}; agents are {list(self.agents)}")
+
+
+def _unique(names: Iterable[str], what: str) -> tuple[str, ...]:
+    names = tuple(names)
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise TopologyError(f"{what} names must be non-empty strings, got {n!r}")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise TopologyError(f"duplicate {what} names: {dupes}")
+    return names
+
+
+class DAG(Topology):
+    """A static directed acyclic graph ``{agent: [parents]}``.
+
+    An agent acts once its parents have acted and sees only its direct parents'
+    actions. Agents act in topological order, ties broken by the mapping's
+    order, so parallel branches (``{"solver_a": [], "solver_b": [],
+    "aggregator": ["solver_a", "solver_b"]}``) act one after the other without
+    seeing each other.
+
+    Raises:
+        TopologyError: on a cycle (the message names it), a self-dependency or
+            an unknown parent.
+    """
+
+    def __init__(self, parents: Mapping[str, Sequence[str]]):
+        self.agents = _unique(parents, "agent")
+        if not self.agents:
+            raise TopologyError("a topology needs at least one agent")
+        self._parents: dict[str, tuple[str, ...]] = {}
+        for agent, ps in parents.items():
+            if isinstance(ps, str):
+                ps = [ps]
+            ps = _unique(ps or (), f"parent of {agent!r}")
+            for p in ps:
+                if p == agent:
+                    raise TopologyError(f"agent {agent!r} cannot depend on itself")
+                if p not in parents:
+                    raise TopologyError(
+                        f"agent {agent!r} depends on unknown agent {p!r}; agents are {list(self.agents)}"
+                    )
+            self._parents[agent] = ps
+        self._order = self._toposort()
+
+    def _toposort(self) -> list[str]:
+        # Kahn's algorithm; picking the earliest declared ready agent keeps the order stable.
+        done: list[str] = []
+        remaining = list(self.agents)
+        while remaining:
+            ready = [a for a in remaining if all(p in done for p in self._parents[a])]
+            if not ready:
+                raise TopologyError(f"dependency cycle: {' -> '.join(self._find_cycle(remaining))}")
+            done.append(ready[0])
+            remaining.remove(ready[0])
+        return done
+
+    def _find_cycle(self, nodes: list[str]) -> list[str]:
+        # Every remaining node has a remaining parent: walk parents until a repeat.
+        path = [nodes[0]]
+        while True:
+            nxt = next(p for p in self._parents[path[-1]] if p in nodes)
+            if nxt in path:
+                cycle = path[path.index(nxt):] + [nxt]
+                return list(reversed(cycle))
+            path.append(nxt)
+
+    def next_agent(self, executed: Executed) -> str | None:
+        acted = {a for a, _ in executed}
+        for agent in self._order:
+            if agent not in acted:
+                return agent
+        return None
+
+    def parents(self, agent: str, executed: Executed = ()) -> list[str]:
+        """Direct parents of ``agent`` that acted in ``executed``, in execution order.
+
+        With ``executed`` empty (the default) this is the static parent list.
+        """
+        self._check_agent(agent)
+        if not executed:
+            return list(self._parents[agent])
+        ps = set(self._parents[agent])
+        return [a for a, _ in executed if a in ps]
+
+    def dependency(self, a_i: str, a_j: str) -> bool:
+        self._check_agent(a_i)
+        self._check_agent(a_j)
+        return a_i in self._parents[a_j]
+
+    def topological_order(self) -> list[str]:
+        return list(self._order)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "dag", "parents": {a: list(ps) for a, ps in self._parents.items()}}
+
+    def __repr__(self) -> str:
+        return f"DAG({ {a: list(ps) for a, ps in self._parents.items()} })"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.to_dict() == other.to_dict()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Chain(DAG):
+    """Agents act in list order, each seeing the actions of all earlier agents.
+
+    This is the reference implementation's semantics (agent ``i`` sees agents
+    ``0..i-1``). With ``full=False`` each agent sees only its predecessor.
+    """
+
+    def __init__(self, agents: Sequence[str], *, full: bool = True):
+        agents = _unique(agents, "agent")
+        self.full = full
+        super().__init__(
+            {a: (list(agents[:i]) if full else list(agents[max(0, i - 1):i])) for i, a in enumerate(agents)}
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "chain", "agents": list(self.agents), "full": self.full}
+
+    def __repr__(self) -> str:
+        return f"Chain({list(self.agents)}{'' if self.full else ', full=False'})"
+
+
+class Independent(DAG):
+    """No dependencies: agents act in list order and see no other agent's action (a Dec-POMDP)."""
+
+    def __init__(self, agents: Sequence[str]):
+        super().__init__({a: [] for a in _unique(agents, "agent")})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "independent", "agents": list(self.agents)}
+
+    def __repr__(self) -> str:
+        return f"Independent({list(self.agents)})"
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """How an orchestrator's text was routed.
+
+    ``status`` is ``"ok"`` (a route line named a specialist), ``"mention"`` (no
+    route line, but exactly one specialist was named as a word) or
+    ``"unparsed"`` (the fallback ``target`` was used).
+    """
+
+    target: str
+    status: str
+    raw: str | None = None
+
+    @property
+    def parsed(self) -> bool:
+        return self.status != "unparsed"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "", name.lower())
+
+
+class Routed(Topology):
+    """An orchestrator whose reply names the specialist that acts next.
+
+    Turn: ``orchestrator`` -> one of ``specialists`` -> ``finisher`` (if any).
+    The specialist sees the orchestrator's action; the finisher sees both.
+
+    Parsing is tolerant: the last match of ``route_pattern`` (default
+    ``ROUTE: <name>``, case-insensitive, markdown and punctuation ignored) is
+    compared with the specialist names ignoring case, spaces, ``_`` and ``-``,
+    then by prefix and close spelling. Without a route line, a reply that names
+    exactly one specialist routes there. Anything else is *unparsed*: the turn
+    goes to ``default`` (the first specialist unless given), and the
+    environment flags ``"route_unparsed"`` in ``info``, counts it and logs it.
+    """
+
+    is_static = False
+    # One character-class run between "route" and the name keeps matching linear.
+    DEFAULT_PATTERN = r"\broute(?:\s+to\b)?[\s:=\-*_`\"'\[(<]*([A-Za-z][\w \-]{0,40})"
+
+    def __init__(
+        self,
+        orchestrator: str,
+        specialists: Sequence[str],
+        finisher: str | None = None,
+        *,
+        route_pattern: str = DEFAULT_PATTERN,
+        default: str | None = None,
+    ):
+        specialists = _unique(specialists, "specialist")
+        if not specialists:
+            raise TopologyError("Routed needs at least one specialist")
+        names = [orchestrator, *specialists] + ([finisher] if finisher else [])
+        self.agents = _unique(names, "agent")
+        self.orchestrator = orchestrator
+        self.specialists = specialists
+        self.finisher = finisher
+        self.route_pattern = route_pattern
+        self._route_re = re.compile(route_pattern, re.IGNORECASE)
+        if default is not None and default not in specialists:
+            raise TopologyError(f"default route {default!r} is not a specialist {list(specialists)}")
+        self.default = default or specialists[0]
+        self._by_norm = {_norm(s): s for s in specialists}
+
+    def route(self, text: str) -> RouteDecision:
+        """Parse the orchestrator's ``text`` into a :class:`RouteDecision` (pure, never raises)."""
+        if not isinstance(text, str):
+            return RouteDecision(self.default, "unparsed")
+        text = text[-20_000:]  # routes come last; bound the regex work
+        matches = self._route_re.findall(text)
+        for raw in reversed(matches):
+            raw = raw if isinstance(raw, str) else raw[0]
+            target = self._resolve(raw)
+            if target is not None:
+                return RouteDecision(target, "ok", raw.strip())
+        words = {_norm(w) for w in re.findall(r"[A-Za-z][\w\-]*", text)}
+        named = [s for n, s in self._by_norm.items() if n in words]
+        if len(named) == 1:
+            return RouteDecision(named[0], "mention", named[0])
+        raw = matches[-1].strip() if matches and isinstance(matches[-1], str) else None
+        return RouteDecision(self.default, "unparsed", raw)
+
+    def _resolve(self, raw: str) -> str | None:
+        norm = _norm(raw)
+        if not norm:
+            return None
+        if norm in self._by_norm:
+            return self._by_norm[norm]
+        # "algebra specialist", "number theory." -> the longest name the text starts with
+        starts = [n for n in self._by_norm if norm.startswith(n)]
+        if starts:
+            return self._by_norm[max(starts, key=len)]
+        first = _norm(raw.split()[0]) if raw.split() else norm
+        close = difflib.get_close_matches(first, list(self._by_norm), n=1, cutoff=0.8)
+        return self._by_norm[close[0]] if close else None
+
+    def next_agent(self, executed: Executed) -> str | None:
+        if not executed:
+            return self.orchestrator
+        if len(executed) == 1:
+            return self.route(executed[0][1]).target
+        if len(executed) == 2 and self.finisher:
+            return self.finisher
+        return None
+
+    def step_flags(self, executed: Executed) -> list[str]:
+        if len(executed) == 1 and executed[0][0] == self.orchestrator:
+            if not self.route(executed[0][1]).parsed:
+                return ["route_unparsed"]
+        return []
+
+    def parents(self, agent: str, executed: Executed = ()) -> list[str]:
+        self._check_agent(agent)
+        if not executed:
+            if agent == self.orchestrator:
+                return []
+            if agent == self.finisher:
+                return [self.orchestrator, *self.specialists]
+            return [self.orchestrator]
+        return [a for a, _ in executed if a != agent and self.dependency(a, agent)]
+
+    def dependency(self, a_i: str, a_j: str) -> bool:
+        self._check_agent(a_i)
+        self._check_agent(a_j)
+        if a_j == self.orchestrator or a_i == a_j:
+            return False
+        if a_j == self.finisher:
+            return True
+        return a_i == self.orchestrator  # a specialist sees only the orchestrator
+
+    def topological_order(self) -> list[str]:
+        """A valid order of the possible-dependency graph; a turn visits a subset of it."""
+        return list(self.agents)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "type": "routed",
+            "orchestrator": self.orchestrator,
+            "specialists": list(self.specialists),
+            "finisher": self.finisher,
+            "default": self.default,
+        }
+        if self.route_pattern != self.DEFAULT_PATTERN:
+            d["route_pattern"] = self.route_pattern
+        return d
+
+    def __repr__(self) -> str:
+        return (
+            f"Routed({self.orchestrator!r}, {list(self.specialists)}, finisher={self.finisher!r}, "
+            f"default={self.default!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Routed) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def topology_from_dict(d: Mapping[str, Any]) -> Topology:
+    """Inverse of ``Topology.to_dict()`` (the JSON form used in profile files)."""
+    d = dict(d)
+    kind = str(d.pop("type", "")).lower()
+    try:
+        if kind == "chain":
+            return Chain(d["agents"], full=d.get("full", True))
+        if kind == "independent":
+            return Independent(d["agents"])
+        if kind == "dag":
+            return DAG(d["parents"])
+        if kind == "routed":
+            return Routed(
+                d["orchestrator"],
+                d["specialists"],
+                d.get("finisher"),
+                route_pattern=d.get("route_pattern", Routed.DEFAULT_PATTERN),
+                default=d.get("default"),
+            )
+    except KeyError as e:
+        raise TopologyError(f"topology of type {kind!r} is missing the field {e}") from None
+    raise TopologyError(f"unknown topology type {kind!r}; expected chain, dag, independent or routed")
