@@ -59,5 +59,7 @@ __all__ = [
     "spec",
 ]
 
-# Built-in ids register on import (after the names above exist: third parties may import us mid-way).
+# Built-in ids register on import, after the names above exist (third parties may import us
+# mid-way); code_envs adds code-{solo,duo,trio}-v0.
+from marft_envs import code_envs as _code_envs  # noqa: E402,F401
 from marft_envs import envs as _envs  # noqa: E402,F401
