@@ -184,6 +184,11 @@ def extract_math_answer(text: str) -> str | None:
     return _answer_phrase(text)
 
 
+def _clean(number: str) -> str:
+    """A parseable number as written, minus currency signs and LaTeX math delimiters."""
+    return re.sub(r"^(?:\\?\$)+\s*|\s*\$+$", "", number.strip()) or number
+
+
 def extract_gsm8k_answer(text: str) -> tuple[str | None, str]:
     """The model's final number for GSM8K and how it was found.
 
@@ -195,7 +200,7 @@ def extract_gsm8k_answer(text: str) -> tuple[str | None, str]:
         return None, "none"
     boxed = extract_boxed(text)
     if boxed is not None:
-        num = boxed if parse_number(boxed) is not None else extract_last_number(boxed)
+        num = _clean(boxed) if parse_number(boxed) is not None else extract_last_number(boxed)
         if num is not None:
             return num, "boxed"
     if "####" in text:
@@ -206,7 +211,7 @@ def extract_gsm8k_answer(text: str) -> tuple[str | None, str]:
             return num, "hashes"
     phrase = _answer_phrase(text)
     if phrase is not None:
-        num = phrase if parse_number(phrase) is not None else None
+        num = _clean(phrase) if parse_number(phrase) is not None else None
         if num is None:
             m = _NUMBER_RE.search(phrase)
             num = m.group(0) if m else None

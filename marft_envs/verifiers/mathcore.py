@@ -26,7 +26,7 @@ from .extract import (
     truncate_response,
 )
 
-__all__ = ["grade_gsm8k_local", "grade_math_local", "math_equal", "normalize_latex"]
+__all__ = ["METHODS", "grade_gsm8k_local", "grade_math_local", "math_equal", "normalize_latex"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +179,15 @@ def _plain_text(s: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]", "", s).lower()
 
 
-def math_equal(pred: str, gold: str) -> tuple[bool, str]:
-    """Whether two final answers are mathematically equivalent, and by which method."""
+#: The equivalence checks, in the order :func:`math_equal` tries them.
+METHODS = ("string", "numeric", "choice", "math_verify", "sympy", "text")
+
+
+def math_equal(pred: str, gold: str, *, methods: tuple[str, ...] = METHODS) -> tuple[bool, str]:
+    """Whether two final answers are mathematically equivalent, and by which method.
+
+    ``methods`` restricts the checks (tests use it to exercise math-verify alone).
+    """
     if not isinstance(pred, str) or not isinstance(gold, str):
         return False, "none"
     pred, gold = pred[:_MAX_ANSWER_CHARS], gold[:_MAX_ANSWER_CHARS]
@@ -188,32 +195,40 @@ def math_equal(pred: str, gold: str) -> tuple[bool, str]:
     if not npred or not ngold:
         return False, "empty"
     npred, ngold = _strip_assignment(npred, ngold)
-    if npred == ngold:
+    if "string" in methods and npred == ngold:
         return True, "string"
-    vp, vg = parse_number(npred), parse_number(ngold)
-    if vp is not None and vg is not None and vp == vg:
-        return True, "numeric"
+    if "numeric" in methods:
+        vp, vg = parse_number(npred), parse_number(ngold)
+        if vp is not None and vg is not None and vp == vg:
+            return True, "numeric"
     cp, cg = _CHOICE_RE.match(npred), _CHOICE_RE.match(ngold)
-    if cp and cg:
+    if "choice" in methods and cp and cg:
         return cp.group(1).upper() == cg.group(1).upper(), "choice"
-    for p, g in ((pred, gold), (npred, ngold)):
+    if "math_verify" in methods:
+        for p, g in ((pred, gold), (npred, ngold)):
+            try:
+                if _mv_equal(p, g):
+                    return True, "math_verify"
+            except Exception as exc:  # noqa: BLE001 - a parser bug is a non-match, logged
+                logger.debug("math-verify failed on %r vs %r: %s", p[:80], g[:80], exc)
+    if "sympy" in methods:
         try:
-            if _mv_equal(p, g):
-                return True, "math_verify"
-        except Exception as exc:  # noqa: BLE001 - a parser bug is a non-match, logged
-            logger.debug("math-verify failed on %r vs %r: %s", p[:80], g[:80], exc)
-    try:
-        if _sympy_equal(npred, ngold):
-            return True, "sympy"
-    except Exception as exc:  # noqa: BLE001
-        logger.debug("sympy fallback failed on %r vs %r: %s", npred[:80], ngold[:80], exc)
+            if _sympy_equal(npred, ngold):
+                return True, "sympy"
+        except Exception as exc:  # noqa: BLE001
+            logger.debug("sympy fallback failed on %r vs %r: %s", npred[:80], ngold[:80], exc)
     tp, tg = _plain_text(npred), _plain_text(ngold)
-    if tp and tp == tg and not re.fullmatch(r"[0-9]+", tp):
+    if "text" in methods and tp and tp == tg and not re.fullmatch(r"[0-9]+", tp):
         return True, "text"
     return False, "none"
 
 
-def grade_math_local(response: str, gold: str, max_chars: int | None = None) -> dict[str, Any]:
+def grade_math_local(
+    response: str,
+    gold: str,
+    max_chars: int | None = None,
+    methods: tuple[str, ...] = METHODS,
+) -> dict[str, Any]:
     """Grade a MATH-style response in this process; returns GradeResult fields as a dict."""
     from .extract import MAX_RESPONSE_CHARS
 
@@ -222,7 +237,7 @@ def grade_math_local(response: str, gold: str, max_chars: int | None = None) -> 
     details: dict[str, Any] = {"truncated": truncated, "method": "none"}
     if extracted is None:
         return {"correct": False, "extracted": None, "format_ok": False, "details": details}
-    ok, method = math_equal(extracted, gold)
+    ok, method = math_equal(extracted, gold, methods=tuple(methods))
     details["method"] = method
     return {"correct": ok, "extracted": extracted, "format_ok": True, "details": details}
 

@@ -145,6 +145,10 @@ def _hook_raise(kind: str) -> dict[str, Any]:
     raise RuntimeError("test hook")
 
 
+def _hook_modules() -> dict[str, Any]:
+    return {"correct": True, "details": {"modules": sorted(sys.modules)}}
+
+
 def _job_table() -> dict[str, Any]:
     from .mathcore import grade_gsm8k_local, grade_math_local
 
@@ -155,6 +159,7 @@ def _job_table() -> dict[str, Any]:
         "_block": _hook_block,
         "_segfault": _hook_segfault,
         "_raise": _hook_raise,
+        "_modules": _hook_modules,
     }
 
 
@@ -184,7 +189,9 @@ def _child_main(read_fd: int, write_fd: int, parent: int) -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     try:
         jobs = _job_table()
-        jobs["math"]("\\boxed{\\frac{1}{2}}", "0.5")  # warm up imports and caches
+        # Warm up every path now, so no grading call pays for imports (~1 s).
+        jobs["math"]("\\boxed{\\frac{1}{2}}", "(1,2]", None, ("math_verify",))
+        jobs["math"]("\\boxed{\\sqrt{2}/2}", "\\frac{1}{\\sqrt{2}}", None, ("sympy",))
     except BaseException as exc:  # noqa: BLE001 - report why we cannot serve
         tx.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -227,6 +234,21 @@ def _child_main(read_fd: int, write_fd: int, parent: int) -> None:
 
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# The child imports this module WITHOUT running the package __init__ files
+# (which may pull in gymnasium, torch, ...): stub packages point at the source
+# folders, so start-up only loads the grader (stdlib, sympy, math-verify).
+_CHILD_BOOT = """
+import sys, types, os.path
+root = sys.argv[4]
+for name in ("marft_envs", "marft_envs.verifiers"):
+    if name not in sys.modules:
+        mod = types.ModuleType(name)
+        mod.__path__ = [os.path.join(root, *name.split("."))]
+        sys.modules[name] = mod
+from marft_envs.verifiers.worker import _child_main
+_child_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+"""
+
 
 class _Worker:
     """One child interpreter and its two pipe ends."""
@@ -236,18 +258,20 @@ class _Worker:
         p_read, c_write = os.pipe()
         env = dict(os.environ)
         # The child must import this very package, installed or not.
-        env["PYTHONPATH"] = _PKG_ROOT + (
-            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-        )
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, "1")
-        code = (
-            "import sys; from marft_envs.verifiers.worker import _child_main; "
-            "_child_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))"
-        )
+        code = _CHILD_BOOT
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(c_read), str(c_write), str(os.getpid())],
+                [
+                    sys.executable,
+                    "-c",
+                    code,
+                    str(c_read),
+                    str(c_write),
+                    str(os.getpid()),
+                    _PKG_ROOT,
+                ],
                 pass_fds=(c_read, c_write),
                 env=env,
                 stdin=subprocess.DEVNULL,
