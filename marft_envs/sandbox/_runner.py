@@ -400,7 +400,7 @@ class ProgramError(Exception):
 class _Link:
     def __init__(self, req: int, resp: int, deadline: float) -> None:
         self.req, self.resp, self.deadline, self.dead = req, resp, deadline, ""
-        self.calls = 0
+        self.calls, self.timed_out = 0, False
 
     def recv(self):
         if self.dead:
@@ -408,7 +408,7 @@ class _Link:
         try:
             msg = recv(self.resp, self.deadline)
         except TimeoutError:
-            self.dead = "deadline exceeded"
+            self.dead, self.timed_out = "deadline exceeded", True
             raise DeadlineExceeded(self.dead) from None
         except (ValueError, OSError, UnicodeDecodeError) as e:
             self.dead = f"protocol error: {e}"
@@ -507,7 +507,7 @@ def checker_main(req: int, resp: int, out: int) -> None:
                 error = f"{type(e).__name__}: {e}"[:500]
         report({"event": "test", "index": i, "passed": error is None, "error": error,
                 "duration": time.monotonic() - t0})
-    report({"event": "done", "calls": link.calls})
+    report({"event": "done", "calls": link.calls, "timed_out": link.timed_out})
 
 
 def main() -> None:

@@ -546,6 +546,7 @@ def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | No
                     state["error"] = ev["error"]
                 elif ev["event"] == "done":
                     state["done"] = True
+                    state["timed_out"] = bool(ev.get("timed_out"))
             state["buf"] = buf
 
         proc = run.proc
@@ -579,8 +580,7 @@ def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | No
     error = state["error"]
     if state["done"] is not True and error is None:
         error = "timeout" if not finished else ("checker failed: " + cerr.text()[-500:])
-    timed_out = not finished or any(
-        t.error and t.error.startswith("DeadlineExceeded") for t in tests_out)
+    timed_out = not finished or bool(state.get("timed_out"))
     assert run.proc is not None
     if run.proc.returncode == _SETUP_FAILED and error is None:
         error = "sandbox setup failed: " + err.text()[-500:]
