@@ -58,6 +58,9 @@ class Transition:
             prompt did not fit in ``max_context`` (then the action was "" and the
             transition is not trainable).
         reward: ``env.rewards[agent]`` read right after this step.
+        credited_reward: every reward the agent received from this step until its next
+            action (PettingZoo's cumulative-reward semantics: a team reward given to all
+            agents when the answering agent acts is credited to each one's last action).
         team_reward: the team reward of this transition's turn (filled in when the turn
             is graded; 0.0 for turns never graded).
         done: the acting agent was terminated or truncated by this step.
@@ -79,6 +82,7 @@ class Transition:
     text: str = ""
     finish_reason: str = "eos"
     reward: float = 0.0
+    credited_reward: float = 0.0
     team_reward: float = 0.0
     done: bool = False
     flags: list[str] = field(default_factory=list)
@@ -133,6 +137,7 @@ class Episode:
                     "agent": t.agent,
                     "text": t.text,
                     "reward": t.reward,
+                    "credited_reward": t.credited_reward,
                     "team_reward": t.team_reward,
                     "tokens": t.num_tokens,
                     "finish_reason": t.finish_reason,
@@ -429,6 +434,11 @@ class RolloutCollector:
             trainable=trainable,
         )
         ep.transitions.append(tr)
+        # Credit this step's rewards to each agent's latest action (the acting agent's is `tr`).
+        latest: dict[str, Transition] = {t.agent: t for t in ep.transitions}
+        for a, r in env.rewards.items():
+            if a in latest and r:
+                latest[a].credited_reward += float(r)
         counters["rollout/actions"] += 1
         counters["rollout/tokens"] += len(response_ids)
         if finish == "length":
@@ -471,7 +481,7 @@ class RolloutCollector:
             for t in ep.transitions:
                 by_agent[t.agent].append(t)
         for agent, trs in by_agent.items():
-            m[f"agent/{agent}/reward"] = float(np.mean([t.reward for t in trs]))
+            m[f"agent/{agent}/reward"] = float(np.mean([t.credited_reward for t in trs]))
             m[f"agent/{agent}/response_len"] = float(np.mean([t.num_tokens for t in trs]))
             m[f"agent/{agent}/length_stop_frac"] = float(np.mean([t.finish_reason == "length" for t in trs]))
         return m

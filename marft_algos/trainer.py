@@ -58,6 +58,7 @@ __all__ = [
     "list_algorithms",
     "Trainer",
     "pad_sequences",
+    "make_policy",
 ]
 
 
@@ -177,6 +178,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
+    """Build a ``TeamPolicy`` for ``agents`` from a config (model, mode, LoRA, device, dtype)."""
+    from marft_algos.models import LoraSettings, TeamPolicy
+
+    base: Any = config.model
+    if config.model_per_agent:
+        base = {a: config.model_per_agent.get(a, config.model) for a in agents}
+    lora = LoraSettings(r=config.lora_r, alpha=config.lora_alpha, dropout=config.lora_dropout)
+    kwargs: dict[str, Any] = {"base": base, "mode": config.mode, "lora": lora}
+    if config.device != "auto":
+        kwargs["device"] = config.device
+    if config.dtype is not None:
+        kwargs["dtype"] = config.dtype
+    return TeamPolicy(list(agents), **kwargs)
+
+
 # --------------------------------------------------------------------------------------
 # the trainer
 # --------------------------------------------------------------------------------------
@@ -261,19 +278,8 @@ class Trainer(ABC):
         )
 
     def build_policy(self) -> Any:
-        from marft_algos.models import LoraSettings, TeamPolicy
-
-        c = self.config
-        base: Any = c.model
-        if c.model_per_agent:
-            base = {a: c.model_per_agent.get(a, c.model) for a in self.agents}
-        lora = LoraSettings(r=c.lora_r, alpha=c.lora_alpha, dropout=c.lora_dropout)
-        kwargs: dict[str, Any] = {"base": base, "mode": c.mode, "lora": lora}
-        if c.device != "auto":
-            kwargs["device"] = c.device
-        if c.dtype is not None:
-            kwargs["dtype"] = c.dtype
-        return TeamPolicy(list(self.agents), **kwargs)
+        """The team policy from ``config.model`` / ``mode`` / LoRA settings (see :func:`make_policy`)."""
+        return make_policy(self.config, self.agents)
 
     def _policy_device(self) -> torch.device:
         dev = getattr(self.policy, "device", None)

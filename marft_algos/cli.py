@@ -1,0 +1,321 @@
+"""The ``marft`` command line.
+
+    marft train --env arith-duo-v0 --algo grpo --model smollm2-135m --steps 50 --out runs/duo-grpo
+    marft train ... --resume                      # continue the run in --out from its latest checkpoint
+    marft train ... --config cfg.json --set group_size=8 --set sampling_overrides.actor.temperature=0.7
+    marft eval  --env gsm8k-duo-v0 --checkpoint runs/duo-grpo --split test --n 200
+    marft list-envs | list-algos
+    marft quickstart [--out runs/quickstart] [--minutes 6]
+
+Every field of the chosen algorithm's config is also a flag (``--group-size 8``);
+``marft train --algo grpo --help`` lists them. Precedence: defaults < --config < flags < --set.
+Bad input (unknown env id, algorithm or setting) ends with a one-line error and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import typing
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "build_parser", "build_config"]
+
+# Flags with a short name mapped onto config fields.
+_ALIASES = {"env": "env_id", "out": "out_dir", "model": "model", "steps": "steps", "seed": "seed"}
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _die(msg: str) -> typing.NoReturn:
+    raise CLIError(msg)
+
+
+# --------------------------------------------------------------------------------------
+# parsers
+# --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="marft", description="Multi-agent reinforcement fine-tuning of LLM teams.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    t = sub.add_parser("train", help="train a team", add_help=False)
+    t.add_argument("-h", "--help", action="store_true", help="show help (with --algo: its options)")
+    t.add_argument("--env", help="environment id (marft list-envs)")
+    t.add_argument("--algo", default="grpo", help="algorithm (marft list-algos); default grpo")
+    t.add_argument("--model", help="base model alias, Hub id or path (default smollm2-135m)")
+    t.add_argument("--steps", type=int, help="training steps")
+    t.add_argument("--out", help="run directory")
+    t.add_argument("--seed", type=int, help="random seed")
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    t.add_argument("--config", help="JSON file with config settings")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config setting (repeatable; dotted keys go into dict settings)")
+
+    e = sub.add_parser("eval", help="evaluate a team on held-out problems")
+    e.add_argument("--env", help="environment id (default: the checkpoint's)")
+    e.add_argument("--checkpoint", help="run dir or checkpoint dir; omit to evaluate the untrained --model")
+    e.add_argument("--model", default="smollm2-135m", help="base model for an untrained team")
+    e.add_argument("--split", default="test")
+    e.add_argument("--n", type=int, default=200, help="number of problems (indices 0..n-1)")
+    e.add_argument("--start-index", type=int, default=0)
+    e.add_argument("--num-envs", type=int, default=16, help="episodes generated in parallel")
+    e.add_argument("--greedy", action="store_true", help="greedy decoding instead of the eval sampling settings")
+    e.add_argument("--seed", type=int, default=1234)
+    e.add_argument("--json", dest="json_out", help="also write the result as JSON here")
+
+    sub.add_parser("list-envs", help="list registered environments")
+    sub.add_parser("list-algos", help="list registered algorithms")
+
+    p.train_parser = t  # type: ignore[attr-defined]  (for `train --help` with algorithm options)
+
+    q = sub.add_parser("quickstart", help="evaluate, train and re-evaluate a duo on arith-duo-v0 (~10 min on 2 cores)")
+    q.add_argument("--out", default="runs/quickstart")
+    q.add_argument("--env", default="arith-duo-v0")
+    q.add_argument("--algo", default="grpo")
+    q.add_argument("--model", default="smollm2-135m")
+    q.add_argument("--minutes", type=float, default=6.0, help="training time budget")
+    q.add_argument("--steps", type=int, default=1000, help="max training steps (the time budget usually ends first)")
+    q.add_argument("--eval-n", type=int, default=64, help="held-out problems per evaluation")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    return p
+
+
+def _config_flag_parser(config_cls: type) -> argparse.ArgumentParser:
+    """One ``--field-name`` flag per config field (values parsed by the field type)."""
+    p = argparse.ArgumentParser(prog=f"marft train --algo {getattr(config_cls, 'algo', '?')}", add_help=False)
+    for f in dataclasses.fields(config_cls):
+        if f.name in ("model", "steps", "seed"):  # already flags of `marft train`
+            continue
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE", help=f.metadata.get("help", ""))
+    return p
+
+
+def build_config(args: argparse.Namespace, extra: list[str]) -> Any:
+    """The algorithm's config from defaults < --config < flags < --set."""
+    from marft_algos.config import apply_overrides, config_from_dict, parse_value
+    from marft_algos.trainer import get_algorithm
+
+    spec = get_algorithm(args.algo)
+    cls = spec.config_cls
+    data: dict[str, Any] = {}
+    if args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            _die(f"config file {path} not found")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            _die(f"config file {path} is not valid JSON: {e}")
+        data.pop("algo", None)
+    for flag, name in _ALIASES.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            data[name] = value
+    flags, unknown = _config_flag_parser(cls).parse_known_args(extra)
+    if unknown:
+        import difflib
+
+        names = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(cls)]
+        bad = unknown[0]
+        close = difflib.get_close_matches(bad.split("=")[0], names, n=1)
+        _die(f"unknown option {bad!r} for --algo {args.algo}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    hints = typing.get_type_hints(cls)
+    for name, value in vars(flags).items():
+        if value is not None:
+            data[name] = parse_value(value, hints[name])
+    data = apply_overrides(cls, data, args.set)
+    return config_from_dict(cls, data)
+
+
+# --------------------------------------------------------------------------------------
+# commands
+# --------------------------------------------------------------------------------------
+
+
+def _check_env(env_id: str) -> None:
+    import marft_envs
+
+    marft_envs.spec(env_id)  # raises NameNotFound / VersionNotFound with a suggestion
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from marft_algos.trainer import get_algorithm
+
+    if args.help:
+        print(build_parser().train_parser.format_help())  # type: ignore[attr-defined]
+        if args.algo:
+            print(f"\noptions of --algo {args.algo} (also settable with --set key=value):")
+            print(_config_flag_parser(get_algorithm(args.algo).config_cls).format_help().split("\n", 2)[-1])
+        return 0
+    config = build_config(args, extra)
+    _check_env(config.env_id)
+    if args.resume and not config.out_dir:
+        _die("--resume needs --out (the run directory to continue)")
+    spec = get_algorithm(args.algo)
+    if config.out_dir:
+        Path(config.out_dir).mkdir(parents=True, exist_ok=True)
+        config.save(Path(config.out_dir) / "config.json")
+    trainer = spec.trainer_cls(config)
+    if args.resume:
+        from marft_algos.checkpoint import CheckpointError
+
+        try:
+            ckpt = trainer.load_checkpoint(config.out_dir)
+        except CheckpointError as e:
+            _die(f"cannot resume: {e}")
+        print(f"resumed from {ckpt} at step {trainer.global_step}")
+    trainer.train()
+    last = trainer.history[-1] if trainer.history else {}
+    print(f"done: {trainer.global_step} steps, team/reward {last.get('team/reward', float('nan')):.3f}" + (f", run dir {config.out_dir}" if config.out_dir else ""))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from marft_algos.evaluation import evaluate, evaluate_checkpoint
+
+    kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed)
+    if args.checkpoint:
+        result = evaluate_checkpoint(args.checkpoint, args.env, **kwargs)
+    else:
+        if not args.env:
+            _die("eval needs --env (or --checkpoint, whose run names its env)")
+        _check_env(args.env)
+        import marft_envs
+        from marft_algos.config import GRPOConfig
+        from marft_algos.trainer import make_policy
+
+        agents = marft_envs.make(args.env, split=args.split).possible_agents
+        policy = make_policy(GRPOConfig(model=args.model, env_id=args.env), agents)
+        result = evaluate(policy, args.env, label=f"untrained {args.model}", **kwargs)
+    print(result)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result.to_dict(), indent=2))
+    return 0
+
+
+def cmd_list_envs() -> int:
+    import marft_envs
+
+    marft_envs.pprint_registry()
+    return 0
+
+
+def cmd_list_algos() -> int:
+    from marft_algos.trainer import list_algorithms
+
+    for spec in list_algorithms():
+        print(f"{spec.name:<16} {spec.description}")
+    return 0
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    """Untrained eval -> timed training with a progress bar -> trained eval -> table + plot."""
+    from marft_algos.config import apply_overrides, config_from_dict
+    from marft_algos.evaluation import evaluate, format_table
+    from marft_algos.trainer import get_algorithm
+
+    _check_env(args.env)
+    spec = get_algorithm(args.algo)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = {
+        "env_id": args.env,
+        "model": args.model,
+        "steps": args.steps,
+        "max_minutes": args.minutes,
+        "out_dir": str(out),
+        "seed": args.seed,
+        "transcript_every": 5,
+    }
+    if spec.name == "grpo":
+        base.update({"num_envs": 16, "group_size": 4, "lr": 2e-4, "lora_r": 16, "lora_alpha": 32})
+    config = config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, base, args.set))
+    t_start = time.time()
+    print(f"[quickstart] loading {config.model} and building a {args.env} team ({spec.name})")
+    trainer = spec.trainer_cls(config)
+    eval_kwargs = dict(n=args.eval_n, split="test", num_envs=16, max_context=config.max_context, env_kwargs=config.env_kwargs)
+    print(f"[quickstart] evaluating the untrained team on {args.eval_n} held-out problems")
+    before = evaluate(trainer.policy, args.env, label="untrained team", **eval_kwargs)
+    print(f"[quickstart] {before}")
+    print(f"[quickstart] training for up to {args.minutes:g} min (max {args.steps} steps)")
+    trainer.train()
+    print("[quickstart] evaluating the trained team")
+    after = evaluate(trainer.policy, args.env, label=f"trained ({trainer.global_step} steps)", **eval_kwargs)
+    table = format_table([before, after])
+    summary = {
+        "before": before.to_dict(),
+        "after": after.to_dict(),
+        "steps": trainer.global_step,
+        "minutes": (time.time() - t_start) / 60,
+        "config": config.to_dict(),
+    }
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    (out / "results.txt").write_text(table + "\n")
+    print()
+    print(table)
+    print()
+    print(f"learning curve: {out / 'learning_curve.png'}   metrics: {out / 'metrics.jsonl'}   TensorBoard: {out / 'tb'}")
+    print(f"total time {(time.time() - t_start) / 60:.1f} min")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from marft_algos.checkpoint import CheckpointError
+    from marft_algos.config import ConfigError
+    from marft_algos.trainer import UnknownAlgorithmError
+
+    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError]
+    try:
+        import marft_envs
+
+        errs.append(marft_envs.Error)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    user_errors = _user_errors()
+    try:
+        if args.command == "train":
+            return cmd_train(args, extra)
+        if args.command == "eval":
+            return cmd_eval(args)
+        if args.command == "list-envs":
+            return cmd_list_envs()
+        if args.command == "list-algos":
+            return cmd_list_algos()
+        if args.command == "quickstart":
+            return cmd_quickstart(args)
+    except user_errors as e:
+        msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"marft {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

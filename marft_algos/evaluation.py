@@ -1,0 +1,186 @@
+"""Evaluate a team on held-out problems (untrained, or from a checkpoint).
+
+Problems are taken by index (``reset(options={"problem_index": k})``) from the given
+split, so two evaluations of the same ``n`` see the same problems; agents use their
+profiles' eval sampling settings (or greedy decoding). Accuracy comes with a 95% Wilson
+score interval, which stays inside [0, 1] and is sensible for small n and p near 0 or 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from marft_algos.rollout import Episode, RolloutCollector
+
+__all__ = ["EvalResult", "wilson_interval", "evaluate", "evaluate_checkpoint", "format_table"]
+
+
+def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval for k successes out of n (95% by default)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+@dataclass
+class EvalResult:
+    """Outcome of an evaluation run."""
+
+    env_id: str
+    split: str
+    n: int
+    correct: int
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    mean_tokens: float
+    mean_reward: float
+    verifier_timeouts: int
+    overlong: int
+    seconds: float
+    label: str = ""
+    per_agent_tokens: dict[str, float] = field(default_factory=dict)
+    episodes: list[Episode] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("episodes")
+        return d
+
+    def __str__(self) -> str:
+        return (
+            f"{self.label or self.env_id}: accuracy {self.accuracy:.3f} "
+            f"[{self.ci_low:.3f}, {self.ci_high:.3f}] on {self.n} {self.split} problems, "
+            f"{self.mean_tokens:.1f} tokens/episode, {self.verifier_timeouts} verifier timeouts"
+        )
+
+
+def evaluate(
+    policy: Any,
+    env_id: str | None = None,
+    *,
+    env_fn: Callable[[], Any] | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    n: int = 200,
+    split: str = "test",
+    start_index: int = 0,
+    num_envs: int = 16,
+    greedy: bool = False,
+    sampling_overrides: dict[str, dict[str, Any]] | None = None,
+    max_context: int | None = 2048,
+    seed: int = 1234,
+    label: str = "",
+) -> EvalResult:
+    """Play one episode on each of problems ``start_index .. start_index + n - 1``.
+
+    The torch RNG is forked (sampling here never shifts a training run's random stream).
+    """
+    import marft_envs
+
+    if env_fn is None:
+        if env_id is None:
+            raise ValueError("evaluate needs env_id or env_fn")
+        kwargs = dict(env_kwargs or {})
+        kwargs["split"] = split
+        env_fn = lambda: marft_envs.make(env_id, **kwargs)  # noqa: E731
+    probe = env_fn()
+    total = int(getattr(probe, "num_problems", n))
+    n = max(0, min(n, total - start_index))
+    overrides: dict[str, dict[str, Any]] = {a: dict(v) for a, v in (sampling_overrides or {}).items()}
+    if greedy:
+        for agent in probe.possible_agents:
+            overrides.setdefault(agent, {})["temperature"] = 0.0
+    collector = RolloutCollector(
+        env_fn,
+        policy,
+        num_envs=max(1, min(num_envs, n)),
+        mode="eval",
+        sampling_overrides=overrides,
+        max_context=max_context,
+        seed=seed,
+    )
+    resets = [{"seed": seed + k, "options": {"problem_index": start_index + k}, "group_id": k} for k in range(n)]
+    t0 = time.perf_counter()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        torch.manual_seed(seed)
+        batch = collector.run(resets) if n else None
+    seconds = time.perf_counter() - t0
+    episodes = batch.episodes if batch is not None else []
+    correct = sum(bool(ep.correct) for ep in episodes)
+    lo, hi = wilson_interval(correct, len(episodes))
+    per_agent: dict[str, list[int]] = {}
+    for ep in episodes:
+        for t in ep.transitions:
+            per_agent.setdefault(t.agent, []).append(t.num_tokens)
+    m = batch.metrics if batch is not None else {}
+    return EvalResult(
+        env_id=env_id or getattr(probe, "metadata", {}).get("name", "env"),
+        split=split,
+        n=len(episodes),
+        correct=correct,
+        accuracy=correct / len(episodes) if episodes else float("nan"),
+        ci_low=lo,
+        ci_high=hi,
+        mean_tokens=sum(ep.num_tokens for ep in episodes) / max(len(episodes), 1),
+        mean_reward=sum(ep.team_return for ep in episodes) / max(len(episodes), 1),
+        verifier_timeouts=int(m.get("rollout/verifier_timeouts", 0)),
+        overlong=int(m.get("rollout/overlong", 0)),
+        seconds=seconds,
+        label=label,
+        per_agent_tokens={a: sum(v) / len(v) for a, v in per_agent.items()},
+        episodes=episodes,
+    )
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    env_id: str | None = None,
+    **kwargs: Any,
+) -> EvalResult:
+    """Load the policy stored in a checkpoint (or run dir) and :func:`evaluate` it.
+
+    ``env_id`` defaults to the run's environment; env kwargs of the run are reused.
+    """
+    from marft_algos.checkpoint import find_checkpoint
+    from marft_algos.config import config_from_dict
+    from marft_algos.trainer import get_algorithm, make_policy
+
+    ckpt = find_checkpoint(checkpoint)
+    data = json.loads((ckpt / "config.json").read_text())
+    spec = get_algorithm(data.get("algo", "grpo"))
+    config = config_from_dict(spec.config_cls, data)
+    env_id = env_id or config.env_id
+    import marft_envs
+
+    agents = list(marft_envs.make(env_id, **{**config.env_kwargs, "split": kwargs.get("split", "test")}).possible_agents)
+    policy = make_policy(config, agents)
+    policy.load(ckpt / "policy")
+    kwargs.setdefault("env_kwargs", dict(config.env_kwargs) if env_id == config.env_id else {})
+    kwargs.setdefault("max_context", config.max_context)
+    kwargs.setdefault("label", f"checkpoint {ckpt.name}")
+    return evaluate(policy, env_id, **kwargs)
+
+
+def format_table(results: list[EvalResult]) -> str:
+    """A plain-text comparison table (one row per result)."""
+    header = f"{'team':<24} {'accuracy':>9} {'95% CI':>17} {'n':>5} {'tokens/ep':>10} {'timeouts':>9}"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        ci = f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        lines.append(
+            f"{(r.label or r.env_id)[:24]:<24} {r.accuracy:>9.3f} {ci:>17} {r.n:>5} {r.mean_tokens:>10.1f} {r.verifier_timeouts:>9}"
+        )
+    return "\n".join(lines)
