@@ -1,0 +1,204 @@
+"""Topologies (the dependency function D), profiles and teams."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from marft_envs import DAG, AgentProfile, Chain, Independent, Routed, Team, TopologyError
+from marft_envs.profiles import builtin_teams
+from marft_envs.topology import topology_from_dict
+
+
+def run_turn(topology, actions=None):
+    """Drive next_agent to the end of a turn; returns the executed pairs."""
+    actions = actions or {}
+    executed = []
+    while (agent := topology.next_agent(executed)) is not None:
+        executed.append((agent, actions.get(agent, f"{agent} says hi")))
+        assert len(executed) <= len(topology.agents)
+    return executed
+
+
+def test_chain_is_reference_order_and_full_visibility():
+    chain = Chain(["planner", "reasoner", "actor"])
+    assert [a for a, _ in run_turn(chain)] == ["planner", "reasoner", "actor"]
+    assert chain.dependency("reasoner", "actor") and chain.dependency("planner", "actor")
+    assert not chain.dependency("actor", "reasoner")
+    assert chain.parents("actor") == ["planner", "reasoner"]
+    assert chain.graph() == {"planner": ["reasoner", "actor"], "reasoner": ["actor"], "actor": []}
+    assert chain.topological_order() == ["planner", "reasoner", "actor"]
+    # full=False: each agent sees only its predecessor
+    short = Chain(["planner", "reasoner", "actor"], full=False)
+    assert short.parents("actor") == ["reasoner"] and not short.dependency("planner", "actor")
+
+
+def test_dag_parallel_branches():
+    dag = DAG({"solver_a": [], "solver_b": [], "aggregator": ["solver_a", "solver_b"]})
+    executed = run_turn(dag)
+    assert [a for a, _ in executed] == ["solver_a", "solver_b", "aggregator"]
+    # parallel branches do not see each other
+    assert not dag.dependency("solver_a", "solver_b") and not dag.dependency("solver_b", "solver_a")
+    assert dag.parents("solver_b", executed[:1]) == []
+    assert dag.parents("aggregator", executed[:2]) == ["solver_a", "solver_b"]
+    assert dag.graph() == {"solver_a": ["aggregator"], "solver_b": ["aggregator"], "aggregator": []}
+
+
+def test_dag_order_is_topological_not_declaration_order():
+    dag = DAG({"actor": ["reasoner"], "reasoner": []})
+    assert dag.topological_order() == ["reasoner", "actor"]
+    assert dag.next_agent([]) == "reasoner"
+
+
+def test_independent_is_dec_pomdp():
+    ind = Independent(["a", "b", "c"])
+    assert [a for a, _ in run_turn(ind)] == ["a", "b", "c"]
+    assert all(not ind.dependency(x, y) for x in "abc" for y in "abc")
+    assert ind.parents("c", run_turn(ind)) == []
+    assert ind.graph() == {"a": [], "b": [], "c": []}
+
+
+@pytest.mark.parametrize(
+    "parents, match",
+    [
+        ({"a": ["c"], "b": ["a"], "c": ["b"]}, "cycle: .*a.*b.*c"),
+        ({"a": ["a"]}, "itself"),
+        ({"a": ["ghost"]}, "unknown agent 'ghost'"),
+        ({}, "at least one agent"),
+    ],
+)
+def test_invalid_dags_are_rejected(parents, match):
+    with pytest.raises(TopologyError, match=match):
+        DAG(parents)
+
+
+def test_duplicate_names_rejected():
+    with pytest.raises(TopologyError, match="duplicate"):
+        Chain(["a", "a"])
+    with pytest.raises(TopologyError, match="duplicate"):
+        Routed("o", ["x", "o"])
+
+
+ROUTED = Routed("orchestrator", ["algebra", "number_theory", "geometry"], finisher="checker")
+
+
+@pytest.mark.parametrize(
+    "text, target, status",
+    [
+        ("ROUTE: algebra", "algebra", "ok"),
+        ("route: Number Theory.", "number_theory", "ok"),
+        ("**Route**: `geometry`", "geometry", "ok"),
+        ("I think this is counting.\nROUTE: number_theory", "number_theory", "ok"),
+        ("route to Geometry please", "geometry", "ok"),
+        ("ROUTE: algebra\n...actually ROUTE: geometry", "geometry", "ok"),  # the last route wins
+        ("ROUTE: algebr", "algebra", "ok"),  # close spelling
+        ("this is a geometry problem", "geometry", "mention"),
+        ("no idea", "algebra", "unparsed"),
+        ("ROUTE: chemistry", "algebra", "unparsed"),
+        ("algebra or geometry?", "algebra", "unparsed"),  # ambiguous mention
+        ("", "algebra", "unparsed"),
+    ],
+)
+def test_routed_parsing(text, target, status):
+    decision = ROUTED.route(text)
+    assert (decision.target, decision.status) == (target, status)
+
+
+def test_routed_turn_and_dependencies():
+    executed = run_turn(ROUTED, {"orchestrator": "ROUTE: geometry"})
+    assert [a for a, _ in executed] == ["orchestrator", "geometry", "checker"]
+    assert ROUTED.parents("geometry", executed) == ["orchestrator"]
+    assert ROUTED.parents("checker", executed) == ["orchestrator", "geometry"]
+    assert ROUTED.dependency("orchestrator", "algebra") and not ROUTED.dependency("algebra", "geometry")
+    assert ROUTED.dependency("algebra", "checker") and not ROUTED.dependency("checker", "orchestrator")
+    assert ROUTED.graph()["orchestrator"] == ["algebra", "number_theory", "geometry", "checker"]
+    assert ROUTED.step_flags(executed[:1]) == []
+    assert not ROUTED.is_static
+
+
+def test_routed_unparsed_falls_back_to_default_and_flags():
+    routed = Routed("o", ["a", "b"], default="b")
+    executed = run_turn(routed, {"o": "???"})
+    assert [a for a, _ in executed] == ["o", "b"]
+    assert routed.step_flags(executed[:1]) == ["route_unparsed"]
+    with pytest.raises(TopologyError):
+        Routed("o", ["a"], default="zzz")
+
+
+def test_routed_parsing_is_linear_on_adversarial_text():
+    import time
+
+    for text in ["route" + " " * 20_000, "ROUTE: " * 5000, "route to " * 3000, "(" * 20_000]:
+        start = time.monotonic()
+        ROUTED.route(text)
+        assert time.monotonic() - start < 1.0
+
+
+@pytest.mark.parametrize("topology", [Chain(["a", "b"]), Independent(["a", "b"]), DAG({"a": [], "b": ["a"]}), ROUTED])
+def test_to_dict_round_trip_and_pickle(topology):
+    d = topology.to_dict()
+    json.dumps(d)
+    assert topology_from_dict(d) == topology
+    assert pickle.loads(pickle.dumps(topology)) == topology
+
+
+def test_unknown_agent_in_queries():
+    with pytest.raises(KeyError):
+        Chain(["a", "b"]).dependency("a", "zzz")
+
+
+# ----------------------------------------------------------------- profiles and teams
+def test_builtin_teams():
+    assert {"solo", "duo", "trio", "routed", "echo"} <= set(builtin_teams())
+    duo = Team.load("duo")
+    assert isinstance(duo.topology, Chain) and duo.agents == ["reasoner", "actor"]
+    assert duo.answer_agents == ["actor"]
+    trio = Team.load("trio")
+    assert isinstance(trio.topology, DAG) and trio.topology.parents("aggregator") == ["solver_a", "solver_b"]
+    routed = Team.load("routed")
+    assert isinstance(routed.topology, Routed) and routed.topology.default == "algebra"
+    for name in ("solo", "duo", "trio", "routed"):
+        for p in Team.load(name).profiles.values():
+            if p.with_answer:
+                assert "\\boxed{}" in p.prompt
+
+
+def test_reference_json_format_gives_chain(tmp_path):
+    ref = [
+        {"role": "reasoner", "prompt": "think", "with_answer": False},
+        {"role": "actor", "prompt": "answer", "with_answer": True},
+    ]
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps(ref))
+    team = Team.load(str(path))
+    assert team.name == "ref" and team.topology == Chain(["reasoner", "actor"])
+    assert Team.load(ref).topology == team.topology
+
+
+def test_depends_on_gives_dag_and_extra_fields():
+    team = Team.from_profiles(
+        [
+            {"role": "a", "prompt": "", "sampling": {"temperature": 0.7}, "adapter": "lora_a"},
+            {"role": "b", "prompt": "", "depends_on": []},
+            {"role": "c", "prompt": "", "with_answer": True, "depends_on": ["a", "b"], "model": "smollm2-135m"},
+        ]
+    )
+    assert isinstance(team.topology, DAG) and team.topology.parents("c") == ["a", "b"]
+    assert team.profiles["a"].sampling == {"temperature": 0.7} and team.profiles["a"].adapter == "lora_a"
+    assert team.profiles["c"].model == "smollm2-135m"
+    assert Team.load(team.to_dict()).to_dict() == team.to_dict()
+
+
+def test_profile_validation():
+    with pytest.raises(ValueError, match="unknown profile keys"):
+        AgentProfile.from_dict({"role": "a", "prompt": "", "with_answers": True})
+    with pytest.raises(ValueError, match="unknown sampling keys"):
+        AgentProfile("a", "", sampling={"temprature": 1.0})
+    with pytest.raises(ValueError, match="with_answer"):
+        Team.from_profiles([{"role": "a", "prompt": ""}])
+    with pytest.raises(ValueError, match="unknown built-in team"):
+        Team.load("quartet")
+    with pytest.raises(TopologyError, match="differ"):
+        Team.from_profiles([{"role": "a", "prompt": "", "with_answer": True}], Chain(["a", "b"]))
