@@ -21,6 +21,7 @@ Nothing is ever copied into the repository.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -36,6 +37,8 @@ __all__ = [
     "load_split",
     "resolve_data_dir",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Environment variable naming a local data directory.
 DATA_DIR_ENV = "MARFT_DATA_DIR"
@@ -206,6 +209,8 @@ def load_split(
     if path is not None and path.is_file():
         rows = _read_jsonl(path)
     else:
+        if path is not None:
+            logger.warning("no local file %s; trying the Hugging Face Hub", path)
         rows = _load_hub_or_explain(name, split, root)
     with _LOCK:
         _CACHE.setdefault(key, rows)

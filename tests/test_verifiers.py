@@ -166,6 +166,14 @@ EQUIVALENT = [
     (r"\boxed{\boxed{7}}", "7"),
     (r"\boxed{-\frac{3}{4}}", r"-\dfrac{3}{4}"),
     (r"\boxed{\pi r^2}", r"\pi r^{2}"),
+    (r"\boxed{4 \text{ m}}", "4"),
+    (r"\boxed{5 \text{ inches}}", r"5\text{ in.}"),
+    (r"\boxed{12 cm}", "12"),
+    (r"\boxed{Devon}", r"\text{Devon}"),
+    (r"\boxed{y = 2x + 3}", "2x+3"),
+    (r"\boxed{(x+2)(x+5)}", "x^2+7x+10"),
+    (r"\boxed{\frac{3}{2}}", "1.5"),
+    (r"\boxed{2, 3}", "3, 2"),
 ]
 
 NOT_EQUIVALENT = [
@@ -181,6 +189,12 @@ NOT_EQUIVALENT = [
     ("no final answer stated, 5", "5"),
     ("", "5"),
     (r"\boxed{\frac{1}{0}}", "1"),
+    # Traps of over-eager normalization: superscripts, units vs variables, composition.
+    (r"\boxed{x^2}", "x_2"),
+    (r"\boxed{\frac{1}{2}x}", "12x"),
+    (r"\boxed{f \circ g}", "fg"),
+    (r"\boxed{\sqrt{2}}", "2"),
+    (r"\boxed{(1,2)}", "[1,2]"),
 ]
 
 
@@ -520,3 +534,30 @@ def test_grade_self_numbers(value: object) -> None:
 def test_grade_self_fractions(num: int, den: int) -> None:
     assert V.grade_math(rf"\boxed{{\frac{{{num}}}{{{den}}}}}", f"{num}/{den}")
     assert V.grade_math(rf"\boxed{{\dfrac{{{num}}}{{{den}}}}}", rf"\frac{{{num}}}{{{den}}}")
+
+
+_leaf = st.sampled_from(["1", "2", "9", "10", "x", r"\pi", "0", "99999"])
+_adversarial_latex = st.recursive(
+    _leaf,
+    lambda inner: st.one_of(
+        st.builds(lambda a, b: f"{{{a}}}^{{{b}}}", inner, inner),
+        st.builds(lambda a, b: rf"\frac{{{a}}}{{{b}}}", inner, inner),
+        st.builds(lambda a: f"({a})!", inner),
+        st.builds(lambda a: rf"\sqrt{{{a}}}", inner),
+        st.builds(lambda a, b: f"{a}+{b}", inner, inner),
+        st.builds(lambda a: rf"\left({a}\right)", inner),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_adversarial_latex, _adversarial_latex)
+def test_adversarial_latex_respects_timeout(pred: str, gold: str) -> None:
+    timeout = 0.5
+    t0 = time.monotonic()
+    result = V.grade_math_result(rf"\boxed{{{pred}}}", gold, timeout=timeout)
+    assert isinstance(result.correct, bool)
+    assert time.monotonic() - t0 < timeout + MARGIN
+    if result.timed_out:
+        assert result.correct is False

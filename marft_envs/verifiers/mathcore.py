@@ -41,7 +41,8 @@ _UNIT_WORDS = (
     "cubes?|coins?|marbles?|books?|pages?|apples?|eggs?|times"
 )
 _TRAILING_UNITS_RE = re.compile(
-    rf"(?<=[\d}}])\s*(?:(?:{_UNIT_WORDS})\b\s*(?:\^?\{{?[23]\}}?)?\s*)+$"
+    # A space is required: "4m" may be 4 times m, "4 m" is four metres.
+    rf"(?<=[\d}}])\s+(?:(?:{_UNIT_WORDS})\b\s*(?:\^?\{{?[23]\}}?)?\s*)+$"
 )
 _TEXT_CMD_RE = re.compile(
     r"\\(?:text|textbf|textit|mbox|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}"
@@ -95,7 +96,8 @@ def normalize_latex(answer: str) -> str:
     s = re.sub(r"\\\\|\\[!,;: ]|~|\\q?quad(?![a-zA-Z])", _space_or_keep, s)
     s = s.replace("\\$", "").replace("$", "")
     s = s.replace("\\%", "").replace("%", "")
-    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\u00b0|\\degree", "", s)
+    # Degrees only: a bare \circ is function composition.
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\u00b0|\\degree(?![a-zA-Z])", "", s)
     s = re.sub(r"\{\s*,\s*\}", ",", s)  # 10{,}000
     s = _strip_text_blocks(s)
     s = re.sub(r"\\(?:mathrm|mathbf|textbf|boldsymbol)\s*\{([^{}]*)\}", r"\1", s)
@@ -174,9 +176,11 @@ def _sympy_equal(pred: str, gold: str) -> bool:
     return False
 
 
-def _plain_text(s: str) -> str:
-    s = re.sub(r"\\[a-zA-Z]+", "", s)
-    return re.sub(r"[^0-9a-zA-Z]", "", s).lower()
+def _plain_words(s: str) -> str | None:
+    """Lower-case letters of a word answer ("\\text{Sunday}", "Devon."), None if not words."""
+    s = _TEXT_CMD_RE.sub(r"\1", s)
+    s = re.sub(r"[\s{}().,;:!'\"]", "", s)
+    return s.lower() if len(s) >= 2 and s.isascii() and s.isalpha() else None
 
 
 #: The equivalence checks, in the order :func:`math_equal` tries them.
@@ -217,9 +221,10 @@ def math_equal(pred: str, gold: str, *, methods: tuple[str, ...] = METHODS) -> t
                 return True, "sympy"
         except Exception as exc:  # noqa: BLE001
             logger.debug("sympy fallback failed on %r vs %r: %s", npred[:80], ngold[:80], exc)
-    tp, tg = _plain_text(npred), _plain_text(ngold)
-    if "text" in methods and tp and tp == tg and not re.fullmatch(r"[0-9]+", tp):
-        return True, "text"
+    if "text" in methods:
+        wp, wg = _plain_words(npred), _plain_words(ngold)
+        if wp is not None and wp == wg:
+            return True, "text"
     return False, "none"
 
 

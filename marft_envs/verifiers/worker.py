@@ -399,7 +399,10 @@ class WorkerPool:
         raises for worker failures and never waits past the deadline (plus the
         one-off start-up of a fresh worker, bounded by ``STARTUP_TIMEOUT``).
         """
-        timeout = max(float(timeout), 1e-3)
+        timeout = float(timeout)
+        if timeout != timeout:  # NaN: fall back to a sane budget rather than wait forever
+            timeout = 5.0
+        timeout = min(max(timeout, 1e-3), 24 * 3600.0)
         # Soft deadline inside the worker leaves room to answer before the hard kill.
         soft = timeout - min(0.5, 0.2 * timeout)
         for attempt in (0, 1):
