@@ -85,9 +85,9 @@ class UnicodeText(Text):
             else:  # any code point outside the surrogate block
                 cp = int(rng.integers(1, 0x2FFFF))
                 piece = chr(cp) if not 0xD800 <= cp <= 0xDFFF else "?"
-            parts.append(piece)
-            parts.append(" " if rng.random() < 0.6 else "")
-            size += len(piece) + 1
+            sep = " " if rng.random() < 0.6 else ""
+            parts += [piece, sep]
+            size += len(piece) + len(sep)
         return "".join(parts)[:target]
 
     @property
