@@ -51,6 +51,8 @@ class SandboxUnavailable(RuntimeError):
 class TestResult:
     """Verdict of one test unit, as reported by the trusted checker."""
 
+    __test__ = False  # not a pytest class
+
     index: int
     passed: bool
     error: str | None = None
@@ -103,6 +105,8 @@ class SandboxResult:
 @dataclass
 class TestJob:
     """One ``run_tests`` call for ``run_many``."""
+
+    __test__ = False  # not a pytest class
 
     program: str
     tests: str | Sequence[str]

@@ -12,7 +12,9 @@ block, else the last fenced block of any language, else the whole text when it
 looks like code. No code at all gives a wrong answer flagged ``"no_code"``
 without starting any process (fuzzers send many such actions).
 ``GradeResult.details`` holds ``tests`` (per-unit ``passed``/``error``),
-``n_tests``, ``n_passed``, ``isolation``, ``duration`` and ``flags``.
+``n_tests``, ``n_passed``, ``isolation``, ``run_error``, capped ``stdout``/
+``stderr`` and ``flags``. ``Problem.answer`` is the reference solution as a
+fenced ```python block (a response the grader accepts).
 """
 
 from __future__ import annotations
@@ -131,6 +133,11 @@ def humaneval_units(test: str) -> tuple[str, list[str]]:
     return setup_src, units
 
 
+def _fence(code: str) -> str:
+    """Reference code as a response the grader accepts (a fenced python block)."""
+    return "```python\n" + code.strip("\n") + "\n```"
+
+
 # ---------------------------------------------------------------------- grading
 def _grade(response: object, program_of, units: list[str], setup: str,
            entry_point: str | None, *, reward_mode: str, timeout: float,
@@ -160,7 +167,7 @@ def _grade(response: object, program_of, units: list[str], setup: str,
         details={"flags": flags, "n_tests": r.n_tests, "n_passed": r.n_passed,
                  "run_error": r.error,
                  "tests": [{"passed": t.passed, "error": t.error} for t in r.tests],
-                 "isolation": r.isolation, "duration": round(r.duration, 4),
+                 "isolation": r.isolation,  # no durations: infos must replay exactly
                  "stdout": r.stdout[-2000:], "stderr": r.stderr[-2000:]})
 
 
@@ -206,7 +213,7 @@ def _he_units(index: int) -> tuple[str, tuple[str, ...]]:
 
 class HumanEvalTask(_CodeTask):
     """The 164 HumanEval problems (Chen et al., 2021). ``Problem.answer`` is the
-    canonical solution (prompt + body); ``meta`` holds ``entry_point``, ``task_id``."""
+    canonical solution (prompt + body, fenced); ``meta`` holds ``entry_point``, ``task_id``."""
 
     name = "humaneval"
     instructions = ("Write the complete Python function (with any imports it needs) "
@@ -243,7 +250,7 @@ class HumanEvalTask(_CodeTask):
         question = ("Complete the following Python function.\n\n```python\n"
                     f"{row['prompt'].rstrip()}\n```")
         return Problem(id=f"humaneval/{index}", question=question,
-                       answer=row["prompt"] + row["canonical_solution"],
+                       answer=_fence(row["prompt"] + row["canonical_solution"]),
                        meta={"task_id": row["task_id"], "entry_point": row["entry_point"],
                              "index": index, "split": "test"})
 
@@ -318,7 +325,7 @@ def _mbpp_entry(row: dict[str, Any]) -> str | None:
 class MBPPTask(_CodeTask):
     """MBPP (Austin et al., 2021), ``full`` config; units are ``test_list`` asserts
     (``challenge_test_list`` too with ``challenge=True``); ``test_setup_code`` is
-    the checker's setup. ``Problem.answer`` is the reference code."""
+    the checker's setup. ``Problem.answer`` is the reference code (fenced)."""
 
     name = "mbpp"
     instructions = "Write the Python function in one ```python code block."
@@ -358,7 +365,7 @@ class MBPPTask(_CodeTask):
         tests = "\n".join(row.get("test_list") or [])
         question = f"{row['text'].strip()}\nYour code should pass these tests:\n\n{tests}"
         return Problem(id=f"mbpp/{self.split}/{index}", question=question,
-                       answer=row.get("code", ""),
+                       answer=_fence(row.get("code", "")),
                        meta={"task_id": row.get("task_id"), "entry_point": _mbpp_entry(row),
                              "index": index, "split": self.split})
 
