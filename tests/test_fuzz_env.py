@@ -66,8 +66,8 @@ def test_wrong_answers_get_zero_outcome(action):
     env.reset(seed=0)
     env.step("reasoning")
     answer = env.problem.answer
-    if isinstance(action, str) and answer in action:
-        return  # may be right by accident
+    if answer.lstrip("-") in repr(action):
+        return  # may be right by accident (bytes and numbers are read as text)
     env.step(action)
     assert env.infos["actor"]["reward_components"]["outcome"] == 0.0
 
