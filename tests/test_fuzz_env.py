@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,3 +126,31 @@ def test_observation_space_has_no_observation_key():
     space.seed(0)
     sample = space.sample()
     assert space.contains(sample) and 0 <= sample["turn"] <= 3
+
+
+# ------------------------------------------------------- real graders (separate processes)
+_DATA_DIR = Path(os.environ.get("MARFT_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
+_ADVERSARIAL = [
+    "\\boxed{10^{10^{10^{10}}}}",  # may exhaust the grader's time budget: must come back as a timeout
+    "\\boxed{" + "\\frac{" * 400 + "1" + "}" * 400 + "}",
+    "\\boxed{\\sqrt{" * 300,
+    "\\boxed{x}" * 3000,
+]
+
+
+@pytest.mark.parametrize("env_id", ["math-solo-v0", "gsm8k-solo-v0"])
+def test_adversarial_latex_on_real_graders(env_id, monkeypatch):
+    if not _DATA_DIR.is_dir():
+        pytest.skip(f"{_DATA_DIR} is missing (set MARFT_DATA_DIR)")
+    monkeypatch.setenv("MARFT_DATA_DIR", str(_DATA_DIR))
+    env = marft_envs.make(env_id)
+    for text in _ADVERSARIAL:
+        env.reset(seed=0)
+        start = time.monotonic()
+        env.step(text)
+        assert time.monotonic() - start < 20.0
+        info = env.infos["actor"]
+        assert env.rewards["actor"] == 0.0 and not info["grade"]["correct"]
+        if info["grade"]["timed_out"]:
+            assert "grade_timeout" in info["flags"]
+    assert env.stats["turns"] == len(_ADVERSARIAL)
