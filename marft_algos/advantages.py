@@ -1,0 +1,438 @@
+"""Advantage estimators: pure functions on tensors or arrays (no models, no trainers).
+
+Every estimator here is a backward recursion over a *chain* of links in execution order.
+A link is one action of one agent (action level) or one token (token level). The core is
+:func:`chain_gae`; the builders only decide what the successor of each link is and which
+discount / lambda applies to each hop.
+
+Notation (one chain of links n = 0..N-1)::
+
+    delta_n = r_n + gamma_n * V'_n * (1 - d_n) - V_n
+    A_n     = delta_n + gamma_n * lam_n * (1 - d_n) * A_{n+1}          (A_N = 0)
+    R_n     = A_n + V_n                                                 (critic target)
+
+``V'_n`` is the value of the successor of link n (``next_values``), ``gamma_n`` and
+``lam_n`` are the discount and GAE lambda of the hop n -> n+1, ``d_n`` is 1 when the
+episode terminated at link n (no bootstrap and no credit from links after it, which may
+belong to the next episode of a concatenated batch).
+
+Builders
+--------
+- :func:`action_level_gae` -- action-level MARFT: one chain per episode through every
+  executed (turn, agent) action; agent hops inside a turn and turn hops have their own
+  gamma/lambda. With the defaults it is the reference implementation's recursion.
+- :func:`token_level_backup` -- token-level MARFT: the same chain, one link per token.
+- :func:`per_agent_gae` -- IPPO: each agent's own actions form its chain (no chaining
+  across agents).
+- :func:`grpo_advantages` -- group-relative advantages (global or agent-wise, Dr. MAS).
+
+Inputs may be ``torch.Tensor`` or anything ``numpy.asarray`` accepts; :func:`chain_gae`
+returns the type of its ``rewards`` argument, the builders return numpy ``float64``
+arrays (or lists of them, per action, for tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "chain_gae",
+    "action_level_gae",
+    "token_level_backup",
+    "per_agent_gae",
+    "grpo_advantages",
+    "episode_segments",
+]
+
+ArrayLike = Any  # torch.Tensor | np.ndarray | Sequence[float] | float
+
+
+def _as_tensor(x: ArrayLike, like: torch.Tensor | None = None) -> torch.Tensor:
+    if torch.is_tensor(x):
+        t = x
+    else:
+        t = torch.as_tensor(np.asarray(x, dtype=np.float64))
+    if like is not None:
+        t = t.to(device=like.device, dtype=like.dtype)
+    return t
+
+
+def chain_gae(
+    rewards: ArrayLike,
+    values: ArrayLike,
+    next_values: ArrayLike,
+    discounts: ArrayLike,
+    lams: ArrayLike = 1.0,
+    terminal: ArrayLike | None = None,
+) -> tuple[Any, Any]:
+    """Generalised advantage estimation over execution-ordered chains.
+
+    Args:
+        rewards: ``r_n``, shape ``[N]`` or ``[B, N]`` (B padded chains; the recursion runs
+            over the last dimension, vectorised over the others).
+        values: ``V_n``, same shape.
+        next_values: ``V'_n``, the value of the successor of link n (any value where there
+            is none: it is multiplied by a zero discount or ``terminal``).
+        discounts: ``gamma_n`` of the hop n -> n+1 (scalar or broadcastable).
+        lams: ``lam_n`` of the hop n -> n+1 (scalar or broadcastable).
+        terminal: ``d_n`` in {0, 1}; default all 0. A 1 stops both the bootstrap and the
+            backward flow of credit, so several episodes may be concatenated in one chain.
+
+    Returns:
+        ``(advantages, returns)`` with ``returns = advantages + values``, both the shape of
+        ``rewards``: torch tensors if ``rewards`` is a tensor, else numpy float64 arrays.
+
+    Formula::
+
+        delta_n = r_n + gamma_n * V'_n * (1 - d_n) - V_n
+        A_n     = delta_n + gamma_n * lam_n * (1 - d_n) * A_{n+1},   A_N = 0
+
+    Padding: pad a chain *after* its last real link with anything, and set ``d = 1`` (or a
+    zero discount) on the last real link; padded outputs are meaningless, mask them.
+    """
+    as_torch = torch.is_tensor(rewards)
+    r = _as_tensor(rewards)
+    if not r.is_floating_point():
+        r = r.double()
+    v = _as_tensor(values, r)
+    nv = _as_tensor(next_values, r)
+    shape = torch.broadcast_shapes(r.shape, v.shape)
+    r, v, nv = r.expand(shape), v.expand(shape), nv.expand(shape)
+    g = _as_tensor(discounts, r).expand(shape)
+    lam = _as_tensor(lams, r).expand(shape)
+    not_done = (1.0 - _as_tensor(terminal, r)).expand(shape) if terminal is not None else torch.ones_like(r)
+
+    delta = r + g * nv * not_done - v
+    carry = g * lam * not_done  # how much of A_{n+1} flows into A_n
+    adv = torch.zeros_like(r)
+    n_links = shape[-1] if len(shape) else 0
+    running = torch.zeros_like(r[..., 0]) if n_links else None
+    for n in range(n_links - 1, -1, -1):  # backward over the chain, vectorised over the batch
+        running = delta[..., n] + carry[..., n] * running
+        adv[..., n] = running
+    ret = adv + v
+    if as_torch:
+        return adv, ret
+    return adv.numpy(), ret.numpy()
+
+
+def episode_segments(episode_ids: ArrayLike | None, n: int) -> list[tuple[Any, int, int]]:
+    """Contiguous runs of equal episode ids -> ``[(episode_id, start, stop), ...]``.
+
+    ``None`` means one episode (id 0). Episodes must be contiguous (an episode id that
+    reappears after another one is an error: the chains would be ambiguous).
+    """
+    if episode_ids is None:
+        return [(0, 0, n)] if n else []
+    ids = list(np.asarray(episode_ids).tolist())
+    if len(ids) != n:
+        raise ValueError(f"episode_ids has {len(ids)} entries for {n} links")
+    segs: list[tuple[Any, int, int]] = []
+    seen: set[Any] = set()
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or ids[i] != ids[start]:
+            if ids[start] in seen:
+                raise ValueError(f"episode {ids[start]!r} is not contiguous in execution order")
+            seen.add(ids[start])
+            segs.append((ids[start], start, i))
+            start = i
+    return segs
+
+
+def _flat(x: ArrayLike, n: int, name: str) -> np.ndarray:
+    a = x.detach().cpu().numpy() if torch.is_tensor(x) else np.asarray(x)
+    a = a.astype(np.float64).reshape(-1)
+    if a.shape[0] != n:
+        raise ValueError(f"{name} has {a.shape[0]} entries, expected {n}")
+    return a
+
+
+def _hop_params(
+    turns: np.ndarray,
+    gamma_agent: float,
+    lam_agent: float,
+    gamma_turn: float,
+    lam_turn: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """gamma/lambda of the hop from each link to the next one of the same episode."""
+    same_turn = np.append(turns[1:] == turns[:-1], False)
+    gammas = np.where(same_turn, gamma_agent, gamma_turn)
+    lams = np.where(same_turn, lam_agent, lam_turn)
+    return gammas.astype(np.float64), lams.astype(np.float64)
+
+
+def action_level_gae(
+    rewards: ArrayLike,
+    values: ArrayLike,
+    turns: ArrayLike,
+    episode_ids: ArrayLike | None = None,
+    *,
+    gamma_agent: float = 0.99,
+    lam_agent: float = 0.95,
+    gamma_turn: float = 0.99,
+    lam_turn: float = 0.95,
+    terminal: ArrayLike | None = None,
+    last_values: Mapping[Any, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Action-level MARFT GAE over the chain of executed (turn, agent) actions.
+
+    The links are the actions of one or more episodes, flattened in execution order
+    (episodes contiguous). The successor of an action is the next action actually
+    executed in the same episode: for the reference's fixed order that is
+    ``(t, i) -> (t, i+1)`` and ``(t, N-1) -> (t+1, 0)``; for a DAG or a dynamic route it
+    is whatever ran next. A hop to an action of the same turn uses
+    ``(gamma_agent, lam_agent)``, a hop to the next turn ``(gamma_turn, lam_turn)``::
+
+        delta_n = r_n + gamma(n) * V_{n+1} * (1 - d_n) - V_n
+        A_n     = delta_n + gamma(n) * lam(n) * (1 - d_n) * A_{n+1}
+        R_n     = A_n + V_n
+
+    With the defaults (0.99 / 0.95 at every hop) this is exactly the reference
+    recursion (NOTES.md section 1): agent i < N-1 bootstraps from ``V[t, i+1]``, the
+    last agent from ``V[t+1, 0] * m[t+1]``.
+
+    Args:
+        rewards, values, turns: per action, length L, execution order.
+        episode_ids: per action; default: all one episode.
+        terminal: per action, 1 where the episode terminated at that action. Default:
+            the last action of every episode is terminal.
+        last_values: ``{episode_id: V}`` for episodes that were truncated rather than
+            terminated: their last action bootstraps from ``V`` with the turn discount.
+
+    Returns:
+        ``(advantages, returns)``, numpy float64 arrays of length L.
+    """
+    r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
+    n = r.shape[0]
+    v = _flat(values, n, "values")
+    tu = _flat(turns, n, "turns")
+    term = _flat(terminal, n, "terminal") if terminal is not None else np.zeros(n)
+    last_values = dict(last_values or {})
+    adv, ret = np.zeros(n), np.zeros(n)
+    for eid, s, e in episode_segments(episode_ids, n):
+        g, lam = _hop_params(tu[s:e], gamma_agent, lam_agent, gamma_turn, lam_turn)
+        nv = np.append(v[s + 1 : e], 0.0)
+        d = term[s:e].copy()
+        if eid in last_values:  # truncated: bootstrap the last action from the given value
+            nv[-1] = float(last_values[eid])
+        elif terminal is None:
+            d[-1] = 1.0
+        a, rt = chain_gae(r[s:e], v[s:e], nv, g, lam, d)
+        adv[s:e], ret[s:e] = a, rt
+    return adv, ret
+
+
+def token_level_backup(
+    rewards: ArrayLike,
+    token_values: Sequence[ArrayLike],
+    turns: ArrayLike,
+    episode_ids: ArrayLike | None = None,
+    *,
+    gamma_token: float = 1.0,
+    lam_token: float = 1.0,
+    gamma_agent: float = 0.99,
+    lam_agent: float = 0.95,
+    gamma_turn: float = 0.99,
+    lam_turn: float = 0.95,
+    terminal: ArrayLike | None = None,
+    last_values: Mapping[Any, float] | None = None,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Token-level MARFT: GAE over one chain of tokens through all executed actions.
+
+    Action k has tokens j = 0..T_k-1 with values ``V_{k,j}`` (the value of the context
+    just before token j is emitted). There is no reward inside an action; the action's
+    reward arrives on its last token, which bootstraps from the *first-token* value of
+    the successor action (the next agent executed, possibly in the next turn)::
+
+        inside an action (j < T_k - 1):
+            delta_{k,j} = gamma_token * V_{k,j+1} - V_{k,j}
+            A_{k,j}     = delta_{k,j} + gamma_token * lam_token * A_{k,j+1}
+        last token (j = T_k - 1), successor action k':
+            delta_{k,j} = r_k + gamma(k) * V_{k',0} * (1 - d_k) - V_{k,j}
+            A_{k,j}     = delta_{k,j} + gamma(k) * lam(k) * (1 - d_k) * A_{k',0}
+
+    ``gamma(k), lam(k)`` are ``(gamma_agent, lam_agent)`` when k' is in the same turn and
+    ``(gamma_turn, lam_turn)`` otherwise, exactly as in :func:`action_level_gae`.
+
+    Defaults: ``gamma_token = lam_token = 1`` -- a token is not a unit of time, so the
+    credit of an action's outcome reaches its first token undiminished (inside an action
+    the advantage is the Monte-Carlo return to the action boundary minus ``V_{k,j}``).
+    The reference implementation applied its single gamma (0.99) and lambda (0.95) per
+    token, so credit to early tokens of a 512-token action decayed like 0.99^512 ~ 0.006;
+    ``gamma_token=0.99, lam_token=0.95`` (with the agent/turn defaults) reproduces it.
+
+    Args:
+        rewards: per action (length L, execution order).
+        token_values: per action, a 1-D array of its T_k >= 1 token values.
+        turns, episode_ids, terminal, last_values: as in :func:`action_level_gae`.
+
+    Returns:
+        ``(advantages, returns)``: lists of L numpy float64 arrays, one per action, each of
+        length T_k (``returns = advantages + token values``).
+    """
+    r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
+    n = r.shape[0]
+    if len(token_values) != n:
+        raise ValueError(f"token_values has {len(token_values)} actions, rewards {n}")
+    tv = [np.asarray(x.detach().cpu() if torch.is_tensor(x) else x, dtype=np.float64).reshape(-1) for x in token_values]
+    for k, x in enumerate(tv):
+        if x.shape[0] < 1:
+            raise ValueError(f"action {k} has no token values (give an empty action one virtual token)")
+    tu = _flat(turns, n, "turns")
+    term = _flat(terminal, n, "terminal") if terminal is not None else np.zeros(n)
+    last_values = dict(last_values or {})
+    adv_out: list[np.ndarray] = [np.zeros(0)] * n
+    ret_out: list[np.ndarray] = [np.zeros(0)] * n
+    for eid, s, e in episode_segments(episode_ids, n):
+        g_act, lam_act = _hop_params(tu[s:e], gamma_agent, lam_agent, gamma_turn, lam_turn)
+        rr, vv, nv, gg, ll, dd = [], [], [], [], [], []
+        for k in range(s, e):
+            x, T = tv[k], tv[k].shape[0]
+            last = k == e - 1
+            succ_first = tv[k + 1][0] if not last else float(last_values.get(eid, 0.0))
+            d_last = term[k]
+            if last and eid not in last_values and terminal is None:
+                d_last = 1.0
+            rr.append(np.append(np.zeros(T - 1), r[k]))
+            vv.append(x)
+            nv.append(np.append(x[1:], succ_first))
+            gg.append(np.append(np.full(T - 1, gamma_token), g_act[k - s]))
+            ll.append(np.append(np.full(T - 1, lam_token), lam_act[k - s]))
+            dd.append(np.append(np.zeros(T - 1), d_last))
+        a, rt = chain_gae(*(np.concatenate(z) for z in (rr, vv, nv, gg, ll, dd)))
+        pos = 0
+        for k in range(s, e):
+            T = tv[k].shape[0]
+            adv_out[k], ret_out[k] = a[pos : pos + T], rt[pos : pos + T]
+            pos += T
+    return adv_out, ret_out
+
+
+def per_agent_gae(
+    rewards: ArrayLike,
+    values: ArrayLike,
+    agent_ids: ArrayLike,
+    episode_ids: ArrayLike | None = None,
+    *,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+    terminal: ArrayLike | None = None,
+    last_values: Mapping[Any, float] | Mapping[tuple[Any, Any], float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """IPPO: GAE over each agent's own actions, with no chaining across agents.
+
+    Within an episode the successor of agent i's action is agent i's next action; the
+    last action of an agent in a terminated episode has no successor::
+
+        delta_k = r_k + gamma * V_{k+1} * (1 - d_k) - V_k
+        A_k     = delta_k + gamma * lam * (1 - d_k) * A_{k+1}
+
+    For a single agent this is exactly stable-baselines3's
+    ``RolloutBuffer.compute_returns_and_advantage``.
+
+    Args:
+        rewards, values, agent_ids: per action, length L, execution order.
+        episode_ids: per action (contiguous episodes); default one episode.
+        terminal: per action, 1 where that agent's chain terminates; default: the agent's
+            last action of each episode.
+        last_values: truncated episodes: ``{episode_id: V}`` (all agents) or
+            ``{(episode_id, agent_id): V}`` -- the agent's last action bootstraps from V.
+
+    Returns:
+        ``(advantages, returns)``, numpy float64 arrays of length L.
+    """
+    r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
+    n = r.shape[0]
+    v = _flat(values, n, "values")
+    agents = list(np.asarray(agent_ids).reshape(-1).tolist())
+    if len(agents) != n:
+        raise ValueError(f"agent_ids has {len(agents)} entries, expected {n}")
+    term = _flat(terminal, n, "terminal") if terminal is not None else None
+    lv = dict(last_values or {})
+    adv, ret = np.zeros(n), np.zeros(n)
+    for eid, s, e in episode_segments(episode_ids, n):
+        for agent in dict.fromkeys(agents[s:e]):
+            idx = np.array([k for k in range(s, e) if agents[k] == agent])
+            nv = np.append(v[idx[1:]], 0.0)
+            d = term[idx].copy() if term is not None else np.zeros(len(idx))
+            key = (eid, agent) if (eid, agent) in lv else eid
+            if key in lv:
+                nv[-1] = float(lv[key])
+            elif term is None:
+                d[-1] = 1.0
+            a, rt = chain_gae(r[idx], v[idx], nv, gamma, lam, d)
+            adv[idx], ret[idx] = a, rt
+    return adv, ret
+
+
+def grpo_advantages(
+    rewards: ArrayLike,
+    group_ids: ArrayLike,
+    agent_ids: ArrayLike | None = None,
+    normalize: str = "global",
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    *,
+    scale: bool | None = None,
+) -> Any:
+    """Group-relative advantages (GRPO), with Dr. MAS agent-wise statistics as an option.
+
+    For sample k of group g (samples of the same problem)::
+
+        normalize="global":  A_k = (R_k - mean_g(R)) / (std_g(R) + eps)
+        normalize="agent":   A_k = (R_k - mean_{g,i}(R)) / (std_{g,i}(R) + eps)
+        normalize="none":    A_k =  R_k - mean_g(R)       (centred, never scaled)
+
+    where ``mean_{g,i}`` / ``std_{g,i}`` run over the samples of group g that belong to
+    agent i = ``agent_ids[k]``. Dr. MAS: with one global baseline, an agent whose rewards
+    sit on a different scale or level (e.g. a verifier that is right more often than the
+    solver) shifts the baseline and the step size of the others; agent-wise statistics
+    give every agent its own zero-mean, unit-scale signal. ``scale_by_std=False`` keeps
+    the centring but drops the division (Dr. GRPO: no per-group difficulty reweighting).
+    ``std`` is the unbiased sample std (as TRL); a group (or group x agent cell) of one
+    sample has std 0. All-equal groups give exactly 0, never NaN.
+
+    Args:
+        rewards: per sample, shape ``[K]``.
+        group_ids: per sample group id.
+        agent_ids: per sample agent id (required for ``normalize="agent"``).
+        scale: alias of ``scale_by_std`` (the trainer's config name).
+
+    Returns:
+        advantages, a tensor if ``rewards`` is a tensor, else a numpy float64 array.
+    """
+    if scale is not None:
+        scale_by_std = scale
+    if normalize not in ("global", "agent", "none"):
+        raise ValueError(f"normalize must be 'global', 'agent' or 'none', got {normalize!r}")
+    if normalize == "agent" and agent_ids is None:
+        raise ValueError("normalize='agent' needs agent_ids")
+    as_torch = torch.is_tensor(rewards)
+    r = (rewards.detach().cpu().numpy() if as_torch else np.asarray(rewards)).astype(np.float64).reshape(-1)
+    groups = np.asarray(group_ids.cpu() if torch.is_tensor(group_ids) else group_ids).reshape(-1)
+    if groups.shape[0] != r.shape[0]:
+        raise ValueError(f"group_ids has {groups.shape[0]} entries for {r.shape[0]} rewards")
+    if normalize == "agent":
+        agents = np.asarray(agent_ids.cpu() if torch.is_tensor(agent_ids) else agent_ids).reshape(-1)
+        keys = list(zip(groups.tolist(), agents.tolist(), strict=True))
+    else:
+        keys = groups.tolist()
+    cells: dict[Any, list[int]] = {}
+    for k, key in enumerate(keys):
+        cells.setdefault(key, []).append(k)
+    adv = np.zeros_like(r)
+    for idx in cells.values():
+        x = r[idx]
+        centred = x - x.mean()
+        if normalize != "none" and scale_by_std:
+            std = x.std(ddof=1) if len(x) > 1 else 0.0
+            centred = centred / (std + eps)
+        adv[idx] = centred
+    if as_torch:
+        return torch.as_tensor(adv, dtype=rewards.dtype if rewards.is_floating_point() else torch.float32, device=rewards.device)
+    return adv

@@ -1,0 +1,256 @@
+"""Loss terms and diagnostics shared by all trainers (pure torch functions).
+
+Shapes: per-token quantities are ``[B, T]`` with a ``mask`` of the same shape (1 on real
+response tokens, 0 on padding); per-action quantities are ``[B]`` (``mask=None``).
+Padded positions may hold anything, even inf/NaN: they are selected away with
+``torch.where`` (never multiplied by 0, since ``0 * inf = NaN``).
+
+Contents
+--------
+- :func:`masked_sum`, :func:`masked_mean`
+- :func:`action_logprob`: whole-action log-prob with sum | token | word normalisation
+- :func:`ppo_policy_loss`: clipped surrogate with asymmetric clip (DAPO clip-higher)
+- :func:`value_loss`: symmetric Huber or MSE, optional PPO-style value clipping
+- :func:`approx_kl` (k1 / k3), :func:`kl_to_reference` (k3, >= 0), :func:`entropy_bonus`
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "masked_sum",
+    "masked_mean",
+    "action_logprob",
+    "ppo_policy_loss",
+    "huber",
+    "value_loss",
+    "approx_kl",
+    "kl_to_reference",
+    "entropy_bonus",
+]
+
+# exp() of a log-ratio above this overflows in fp16/bf16 and is meaningless anyway
+_MAX_LOG_RATIO = 20.0
+
+
+def _mask_like(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return torch.ones_like(x, dtype=torch.bool)
+    return mask.to(device=x.device).bool().expand_as(x)
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor | None, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+    """``sum(x * mask)`` over ``dim`` (all dims if None), ignoring whatever sits under mask = 0."""
+    m = _mask_like(x, mask)
+    z = torch.where(m, x, torch.zeros_like(x))
+    return z.sum() if dim is None else z.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+    """``sum(x * mask) / sum(mask)`` over ``dim``; an empty mask gives 0, not NaN."""
+    m = _mask_like(x, mask)
+    total = masked_sum(x, m, dim)
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    return total / count.clamp_min(1).to(total.dtype)
+
+
+def action_logprob(
+    token_logp: torch.Tensor,
+    mask: torch.Tensor,
+    norm: str = "sum",
+    n_words: torch.Tensor | list[int] | None = None,
+) -> torch.Tensor:
+    """Log-prob of whole actions from per-token log-probs ``[B, T]`` -> ``[B]``.
+
+    ``norm`` (the reference implementation's three modes)::
+
+        "sum":   log pi(a) = sum_j log pi(a_j | ...)           (the true action log-prob)
+        "token": sum_j log pi(a_j | ...) / (number of tokens)  (per-token average)
+        "word":  sum_j log pi(a_j | ...) / (number of words)   (n_words, e.g. len(text.split()))
+
+    The action-level ratio is ``exp(action_logprob(new) - action_logprob(old))``: with
+    "sum" a long action's ratio moves much more per update than a short one's; "token"
+    and "word" temper that (a geometric mean per token / per word). Counts are clamped
+    to >= 1 so an empty action gives 0, not NaN.
+    """
+    total = masked_sum(token_logp, mask, dim=-1)
+    if norm == "sum":
+        return total
+    if norm == "token":
+        return total / _mask_like(token_logp, mask).sum(-1).clamp_min(1).to(total.dtype)
+    if norm == "word":
+        if n_words is None:
+            raise ValueError("norm='word' needs n_words (words per action)")
+        w = torch.as_tensor(n_words, dtype=total.dtype, device=total.device)
+        return total / w.clamp_min(1)
+    raise ValueError(f"norm must be 'sum', 'token' or 'word', got {norm!r}")
+
+
+def ppo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    agg: str = "token",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher when eps_high > eps_low).
+
+    ::
+
+        rho  = exp(logp - old_logp)
+        L_k  = max(-A_k * rho_k, -A_k * clip(rho_k, 1 - eps_low, 1 + eps_high))
+
+    The clip is active (zero gradient) where ``A > 0 and rho > 1 + eps_high`` or
+    ``A < 0 and rho < 1 - eps_low``. Aggregation over the masked entries:
+
+    - ``agg="token"``: mean over all real tokens of the batch (long answers weigh more);
+    - ``agg="sequence"``: mean per sequence (row), then mean over sequences.
+
+    Works per token (``[B, T]`` with a mask) and per action (``[B]``, ``mask=None``:
+    action-level MARFT passes whole-action log-probs).
+
+    Returns:
+        ``(loss, stats)`` with detached stats: ``clip_frac`` (fraction of entries where the
+        clip is active), ``clip_frac_low``, ``clip_frac_high``, ``ratio_mean``,
+        ``ratio_max``, ``ratio_min``.
+    """
+    if agg not in ("token", "sequence"):
+        raise ValueError(f"agg must be 'token' or 'sequence', got {agg!r}")
+    m = _mask_like(logp, mask)
+    log_ratio = (logp - old_logp.to(logp.dtype)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(torch.where(m, log_ratio, torch.zeros_like(log_ratio)))
+    adv = advantages.to(logp.dtype).expand_as(ratio)
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    per = torch.maximum(pg1, pg2)
+    if agg == "token" or per.dim() < 2:
+        loss = masked_mean(per, m)
+    else:
+        per_seq = masked_mean(per, m, dim=-1)
+        has = m.any(dim=-1)
+        loss = masked_mean(per_seq, has)
+    with torch.no_grad():
+        high = (adv > 0) & (ratio > 1.0 + eps_high) & m
+        low = (adv < 0) & (ratio < 1.0 - eps_low) & m
+        mf = m.float()
+        n = mf.sum().clamp_min(1)
+        r_sel = ratio[m] if m.any() else torch.ones(1, device=ratio.device, dtype=ratio.dtype)
+        stats = {
+            "clip_frac": (high | low).float().sum() / n,
+            "clip_frac_high": high.float().sum() / n,
+            "clip_frac_low": low.float().sum() / n,
+            "ratio_mean": masked_mean(ratio, m),
+            "ratio_max": r_sel.max(),
+            "ratio_min": r_sel.min(),
+        }
+    return loss, stats
+
+
+def huber(error: torch.Tensor, delta: float = 1.0) -> torch.Tensor:
+    """Symmetric Huber: ``0.5 e^2`` if ``|e| <= delta`` else ``delta * (|e| - 0.5 delta)``.
+
+    Its gradient is ``clip(e, -delta, delta)`` on BOTH sides (the reference's version gave
+    zero gradient to errors below -delta).
+    """
+    a = error.abs()
+    return torch.where(a <= delta, 0.5 * error**2, delta * (a - 0.5 * delta))
+
+
+def value_loss(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    old_values: torch.Tensor | None = None,
+    *,
+    kind: str = "huber",
+    delta: float = 10.0,
+    clip: float | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Critic loss, masked mean over entries: ``mean l(returns - values)``.
+
+    ``kind="mse"``: ``l(e) = 0.5 e^2``; ``kind="huber"``: :func:`huber` with ``delta``
+    (the default 10 matches the usual PPO critic setting; rewards here are O(1), so it
+    only caps outliers). With ``clip`` (PPO value clipping) and ``old_values`` (the
+    values at rollout time)::
+
+        V_clip = old + clip(V - old, -clip, clip)
+        loss   = mean max(l(R - V), l(R - V_clip))
+
+    Note the argument order: ``(values, returns, old_values)``.
+    """
+    if kind not in ("huber", "mse"):
+        raise ValueError(f"kind must be 'huber' or 'mse', got {kind!r}")
+    returns = returns.to(values.dtype)
+
+    def ell(e: torch.Tensor) -> torch.Tensor:
+        return huber(e, delta) if kind == "huber" else 0.5 * e**2
+
+    per = ell(returns - values)
+    if clip is not None:
+        if old_values is None:
+            raise ValueError("value clipping needs old_values")
+        old = old_values.to(values.dtype)
+        v_clip = old + (values - old).clamp(-clip, clip)
+        per = torch.maximum(per, ell(returns - v_clip))
+    return masked_mean(per, mask)
+
+
+def approx_kl(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    kind: str = "k3",
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Estimate KL(pi_old || pi) from samples of pi_old (the rollout), masked mean.
+
+    With ``log r = logp - old_logp`` (Schulman's estimators)::
+
+        k1 = -log r                  (unbiased, can be negative)
+        k3 = (r - 1) - log r         (unbiased, always >= 0, lower variance)
+
+    ``kind="both"`` returns a dict ``{"k1": ..., "k3": ...}``. This is the quantity the
+    KL hard cut compares with its threshold.
+    """
+    m = _mask_like(logp, mask)
+    lr = (logp - old_logp.to(logp.dtype)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    k1 = masked_mean(-lr, m)
+    k3 = masked_mean(torch.expm1(lr) - lr, m)
+    if kind == "k1":
+        return k1
+    if kind == "k3":
+        return k3
+    if kind == "both":
+        return {"k1": k1, "k3": k3}
+    raise ValueError(f"kind must be 'k1', 'k3' or 'both', got {kind!r}")
+
+
+def kl_to_reference(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    agg: str = "token",
+) -> torch.Tensor:
+    """KL(pi || pi_ref) on samples of pi, k3 estimator (non-negative), differentiable in logp.
+
+    ::
+
+        kl_j = exp(ref_j - logp_j) - (ref_j - logp_j) - 1   >= 0
+
+    (as in GRPO). ``pi_ref`` is the base model with the adapters disabled. ``agg`` as in
+    :func:`ppo_policy_loss`.
+    """
+    m = _mask_like(logp, mask)
+    d = (ref_logp.to(logp.dtype) - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    per = torch.expm1(d) - d
+    if agg == "sequence" and per.dim() >= 2:
+        return masked_mean(masked_mean(per, m, dim=-1), m.any(dim=-1))
+    return masked_mean(per, m)
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor | None = None, coef: float = 1.0) -> torch.Tensor:
+    """``coef * masked_mean(entropy)``: the bonus to SUBTRACT from the loss (``loss - bonus``)."""
+    return coef * masked_mean(entropy, mask)
+
