@@ -32,6 +32,8 @@ from .base import GradeResult, Problem, Task
 __all__ = ["MathTask"]
 
 _SPLITS = ("train", "test", "test500")
+# (id(rows), levels, subjects) -> (rows, kept row numbers); rows held to pin the id.
+_INDEX_CACHE: dict[tuple[Any, ...], tuple[list[dict[str, Any]], list[int]]] = {}
 
 
 def _subject_key(name: str) -> str:
@@ -91,6 +93,12 @@ class MathTask(Task):
     def index(self) -> list[int]:
         """Row numbers (in the unfiltered split) of the problems that pass the filters."""
         if self._index is None:
+            # Cached per process (keyed by the loaded rows): re-creating a task is O(1).
+            key = (id(self.rows), self.levels, self.subjects)
+            cached = _INDEX_CACHE.get(key)
+            if cached is not None and cached[0] is self.rows:
+                self._index = cached[1]
+                return self._index
             keep = []
             for i, row in enumerate(self.rows):
                 if self.levels is not None and _level(row.get("level")) not in self.levels:
@@ -102,6 +110,7 @@ class MathTask(Task):
                     continue  # 2 train rows have an empty \boxed{}: ungradable, dropped
                 keep.append(i)
             self._index = keep
+            _INDEX_CACHE[key] = (self.rows, keep)
         return self._index
 
     def __getstate__(self) -> dict[str, Any]:

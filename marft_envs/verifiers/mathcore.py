@@ -8,12 +8,14 @@ directly only on trusted input (tests, debugging).
 Equivalence, in order (first success wins, reported in ``details["method"]``):
 exact string match after normalizing both sides, exact numeric match,
 multiple-choice letters, math-verify (``parse`` + ``verify``) on the raw and the
-normalized forms, a sympy fallback (``latex2sympy`` + ``simplify``), and a
-plain-text match for word answers.
+normalized forms, a sympy fallback (``latex2sympy`` + ``simplify``) for pairs
+math-verify cannot parse, and a plain-text match for word answers. Parses are
+cached per worker: RL grades many samples against the same gold answer.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any
@@ -140,23 +142,26 @@ def _quiet_math_verify() -> None:
     math_verify.parser.TIMEOUT_WARNING_SHOWN = True
 
 
-def _mv_parse(text: str) -> list[Any]:
+@functools.lru_cache(maxsize=4096)
+def _mv_parse(text: str) -> tuple[Any, ...]:
+    """math-verify's parse, cached: RL grades many samples against one gold answer."""
     from math_verify import parse
 
     _quiet_math_verify()
     # Our own hard timeout bounds this call; math-verify's signal timeouts are off
     # because they would cancel the worker's own alarm.
-    return parse(f"${text}$", parsing_timeout=None)  # type: ignore[arg-type]
+    return tuple(parse(f"${text}$", parsing_timeout=None))  # type: ignore[arg-type]
 
 
-def _mv_equal(pred: str, gold: str) -> bool:
+def _mv_equal(pred: str, gold: str) -> bool | None:
+    """math-verify's verdict, or None when it cannot parse one side."""
     from math_verify import verify
 
     g = _mv_parse(gold)
     p = _mv_parse(pred)
     if not g or not p:
-        return False
-    return bool(verify(g, p, timeout_seconds=None))
+        return None
+    return bool(verify(list(g), list(p), timeout_seconds=None))
 
 
 def _sympy_equal(pred: str, gold: str) -> bool:
@@ -208,14 +213,21 @@ def math_equal(pred: str, gold: str, *, methods: tuple[str, ...] = METHODS) -> t
     cp, cg = _CHOICE_RE.match(npred), _CHOICE_RE.match(ngold)
     if "choice" in methods and cp and cg:
         return cp.group(1).upper() == cg.group(1).upper(), "choice"
+    verdict_given = False
     if "math_verify" in methods:
-        for p, g in ((pred, gold), (npred, ngold)):
+        forms = [(pred, gold)] if (pred, gold) == (npred, ngold) else [(pred, gold), (npred, ngold)]
+        for p, g in forms:
             try:
-                if _mv_equal(p, g):
-                    return True, "math_verify"
+                verdict = _mv_equal(p, g)
             except Exception as exc:  # noqa: BLE001 - a parser bug is a non-match, logged
                 logger.debug("math-verify failed on %r vs %r: %s", p[:80], g[:80], exc)
-    if "sympy" in methods:
+                continue
+            if verdict:
+                return True, "math_verify"
+            verdict_given = verdict_given or verdict is not None
+    # sympy is the fallback for what math-verify cannot parse; re-judging a pair
+    # math-verify parsed and rejected would only cost time (most RL answers are wrong).
+    if "sympy" in methods and not verdict_given:
         try:
             if _sympy_equal(npred, ngold):
                 return True, "sympy"

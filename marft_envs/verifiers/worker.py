@@ -299,7 +299,8 @@ class _Worker:
         self.ready = True
         return None
 
-    def kill(self) -> None:
+    def kill(self, *, reap: bool = True) -> None:
+        """SIGKILL and close the pipes; ``reap=False`` leaves the wait to someone else."""
         try:
             self.proc.kill()
         except OSError:
@@ -309,6 +310,10 @@ class _Worker:
                 conn.close()
             except OSError:
                 pass
+        if reap:
+            self.reap()
+
+    def reap(self) -> None:
         try:
             self.proc.wait(timeout=5)
         except (subprocess.TimeoutExpired, OSError):
@@ -368,11 +373,21 @@ class WorkerPool:
             self._cond.notify()
 
     def _replace(self, worker: _Worker) -> None:
-        """Kill ``worker`` and start its successor now, so it warms up in the background."""
-        worker.kill()
+        """Kill ``worker`` now; reap it and start its successor in the background.
+
+        The caller returns right after the kill: on a loaded machine the fork
+        and exec of a fresh interpreter must not eat into its deadline.
+        """
+        worker.kill(reap=False)
         stats.record_restart()
         with self._cond:
             self._all.discard(worker)
+        threading.Thread(
+            target=self._respawn, args=(worker,), name="marft-grader-respawn", daemon=True
+        ).start()
+
+    def _respawn(self, dead: _Worker) -> None:
+        dead.reap()
         try:
             fresh = _Worker()
         except Exception as exc:  # noqa: BLE001 - e.g. out of file descriptors
