@@ -443,6 +443,9 @@ class RolloutCollector:
         counters["rollout/tokens"] += len(response_ids)
         if finish == "length":
             counters["rollout/length_stops"] += 1
+        elif finish == "context":  # the policy refused: prompt + max_new_tokens over its window
+            counters["rollout/overlong"] += 1
+            tr.flags.append("context_overflow")
         grade = info.get("grade") or {}
         if isinstance(grade, dict) and grade.get("timed_out"):
             counters["rollout/verifier_timeouts"] += 1

@@ -116,8 +116,8 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     _discover()
     if name not in ALGORITHMS:
         close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise UnknownAlgorithmError(f"unknown algorithm {name!r}.{hint} Available: {', '.join(sorted(ALGORITHMS))}")
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownAlgorithmError(f"unknown algorithm {name!r}{hint} (available: {', '.join(sorted(ALGORITHMS))}")
     return ALGORITHMS[name]
 
 

@@ -71,33 +71,45 @@ class GRPOTrainer(Trainer):
 
     # ---- advantages ----------------------------------------------------------------
     def compute_advantages(self, batch: RolloutBatch) -> None:
-        """A = group-relative, (optionally) std-normalised episode return, per transition."""
+        """A = group-relative, (optionally) std-normalised return; one sample per unit.
+
+        The statistics run over one sample per episode (team reward, global baseline) or
+        per (episode, agent) (own rewards, or agent-wise normalisation), never per
+        transition: an episode with more actions must not weigh more in the baseline.
+        The unit's advantage is then given to each of its trainable transitions.
+        """
         from marft_algos.advantages import grpo_advantages
 
         c = self.config
-        trs, rewards, group_ids, agent_ids = [], [], [], []
+        per_agent_units = c.reward_source == "agent" or c.normalize == "agent"
+        units: list[list] = []  # the transitions of each sample
+        rewards, group_ids, agent_ids = [], [], []
         for ep in batch.episodes:
-            for t in ep.transitions:
-                if not t.trainable:
-                    continue
-                R = ep.team_return if c.reward_source == "team" else ep.agent_return(t.agent)
-                trs.append(t)
-                rewards.append(R)
+            if per_agent_units:
+                for agent in dict.fromkeys(t.agent for t in ep.transitions):
+                    R = ep.team_return if c.reward_source == "team" else ep.agent_return(agent)
+                    units.append(ep.agent_transitions(agent))
+                    rewards.append(R)
+                    group_ids.append(ep.group_id)
+                    agent_ids.append(self.agents.index(agent))
+            else:
+                units.append(ep.transitions)
+                rewards.append(ep.team_return)
                 group_ids.append(ep.group_id)
-                agent_ids.append(self.agents.index(t.agent))
-        if not trs:
+                agent_ids.append(0)
+        if not units:
             return
-        normalize = c.normalize
         adv = grpo_advantages(
             np.asarray(rewards, dtype=np.float64),
             np.asarray(group_ids),
-            agent_ids=np.asarray(agent_ids) if normalize == "agent" else None,
-            normalize=normalize,
+            agent_ids=np.asarray(agent_ids) if c.normalize == "agent" else None,
+            normalize=c.normalize,
             scale=c.scale_rewards,
         )
-        for t, a, r in zip(trs, np.asarray(adv, dtype=np.float64).tolist(), rewards, strict=True):
-            t.advantage = float(a)
-            t.returns = float(r)
+        for trs, a, R in zip(units, np.asarray(adv, dtype=np.float64).tolist(), rewards, strict=True):
+            for t in trs:
+                t.advantage = float(a)
+                t.returns = float(R)
 
 
 register_algorithm("grpo", GRPOTrainer, GRPOConfig, "GRPO: group-relative advantages (global or agent-wise), DAPO clip-higher and dynamic sampling")

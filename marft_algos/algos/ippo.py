@@ -90,32 +90,44 @@ class IPPOTrainer(Trainer):
                         t.value = float(v)
 
     def compute_advantages(self, batch: RolloutBatch) -> None:
-        """Per-agent GAE over each agent's own chain (values must be set or are computed)."""
-        from marft_algos.advantages import chain_gae
+        """Per-agent GAE over each agent's own chain (values are computed if not set)."""
+        from marft_algos.advantages import per_agent_gae
 
         c = self.config
         if any(t.value is None for t in batch.transitions):
             self.compute_values(batch)
-        for agent in self.agents:
-            for chain in agent_chains(batch, agent):
-                rewards = np.array([t.team_reward if c.team_reward else t.reward for t in chain], dtype=np.float64)
-                values = np.array([t.value for t in chain], dtype=np.float64)
-                # successor of action k in agent i's chain is its action k+1 (none after the last)
-                next_values = np.append(values[1:], 0.0)
-                not_last = np.append(np.ones(len(chain) - 1), 0.0)
-                not_done = np.array([0.0 if t.done else 1.0 for t in chain])
-                discounts = c.gamma * not_last * not_done
-                adv, ret = chain_gae(rewards, values, next_values, discounts, c.lam)
-                for t, a, r in zip(chain, np.asarray(adv).tolist(), np.asarray(ret).tolist(), strict=True):
-                    t.advantage, t.returns = float(a), float(r)
+        trs = batch.transitions  # execution order, episodes contiguous
+        if not trs:
+            return
+        rewards = [t.team_reward if c.team_reward else t.reward for t in trs]
+        adv, ret = per_agent_gae(
+            rewards,
+            [t.value for t in trs],
+            agent_ids=[t.agent for t in trs],
+            episode_ids=[t.episode_id for t in trs],
+            gamma=c.gamma,
+            lam=c.lam,
+            # an agent's chain ends at its last action of the episode, or earlier if it was done
+            terminal=self._terminal_flags(batch),
+        )
+        for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
+            t.advantage, t.returns = float(a), float(r)
         if c.normalize_advantages:
             for agent in self.agents:
-                trs = batch.agent_transitions(agent)
-                if len(trs) > 1:
-                    a = np.array([t.advantage for t in trs])
+                group = batch.agent_transitions(agent)
+                if len(group) > 1:
+                    a = np.array([t.advantage for t in group])
                     a = (a - a.mean()) / (a.std() + 1e-8)
-                    for t, v in zip(trs, a.tolist(), strict=True):
+                    for t, v in zip(group, a.tolist(), strict=True):
                         t.advantage = float(v)
+
+    @staticmethod
+    def _terminal_flags(batch: RolloutBatch) -> list[float]:
+        flags = []
+        for chain_ep in batch.episodes:
+            last = {t.agent: t.index for t in chain_ep.transitions}
+            flags += [1.0 if (t.done or last[t.agent] == t.index) else 0.0 for t in chain_ep.transitions]
+        return flags
 
     # ---- losses ------------------------------------------------------------------------
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
