@@ -100,7 +100,7 @@ def test_symmetric_huber_gradient_on_both_sides() -> None:
     R = torch.tensor([5.0, 5.0])
     loss = value_loss(v, R, kind="huber", delta=1.0)
     loss.backward()
-    assert float(loss) == pytest.approx(4.5)
+    assert float(loss.detach()) == pytest.approx(4.5)
     torch.testing.assert_close(v.grad, torch.tensor([-0.5, 0.5]))  # the reference gave 0 to the second
     # inside the quadratic zone: 0.5 e^2, gradient -e/n
     v2 = torch.tensor([0.0, 1.0], requires_grad=True)
@@ -116,16 +116,16 @@ def test_value_loss_mse_and_clipping() -> None:
     v = torch.tensor([2.0], requires_grad=True)
     R, old = torch.tensor([0.0]), torch.tensor([1.0])
     # mse: 0.5 * 4 = 2
-    assert float(value_loss(v, R, kind="mse")) == pytest.approx(2.0)
+    assert float(value_loss(v, R, kind="mse").detach()) == pytest.approx(2.0)
     # clip 0.5: V_clip = 1.5; max(0.5*4, 0.5*2.25) = 2 -> the unclipped term, gradient flows
     loss = value_loss(v, R, old, kind="mse", clip=0.5)
     loss.backward()
-    assert float(loss) == pytest.approx(2.0) and float(v.grad) == pytest.approx(2.0)
+    assert float(loss.detach()) == pytest.approx(2.0) and float(v.grad) == pytest.approx(2.0)
     # moving towards the target beyond the clip: V=0.2 (old 1, R 0), V_clip = 0.5 -> 0.125 wins, no grad
     v = torch.tensor([0.2], requires_grad=True)
     loss = value_loss(v, R, old, kind="mse", clip=0.5)
     loss.backward()
-    assert float(loss) == pytest.approx(0.125) and float(v.grad) == 0.0
+    assert float(loss.detach()) == pytest.approx(0.125) and float(v.grad) == 0.0
     with pytest.raises(ValueError):
         value_loss(v, R, kind="mse", clip=0.5)
 
@@ -141,7 +141,7 @@ def test_kl_estimators() -> None:
     logp = torch.tensor([[math.log(2.0), 0.0]], requires_grad=True)
     ref = torch.zeros(1, 2)
     kl = kl_to_reference(logp, ref, torch.tensor([[1, 0]]))
-    assert float(kl) == pytest.approx(0.5 + math.log(2) - 1)
+    assert float(kl.detach()) == pytest.approx(0.5 + math.log(2) - 1)
     kl.backward()
     assert float(logp.grad[0, 0]) == pytest.approx(1 - 0.5)  # d/dlogp = 1 - exp(ref - logp)
     assert float(logp.grad[0, 1]) == 0.0
