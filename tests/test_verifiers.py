@@ -57,6 +57,8 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
         ("x = .5", ".5"),
         ("no digits", None),
         ("version v2x and 3.", "3"),
+        ("答案是18。", "18"),
+        ("a total of 1,000,000 people", "1,000,000"),
     ],
 )
 def test_extract_last_number(text: str, expected: str | None) -> None:

@@ -30,7 +30,8 @@ MAX_RESPONSE_CHARS = 20_000
 
 # A number as written in prose: optional sign, optional thousands groups, decimals.
 _NUMBER = r"[-+\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+\u2212]?\.\d+"
-_NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\d])")
+# Not glued to an ASCII identifier ("x2", "v1.5"); CJK text before a number is fine.
+_NUMBER_RE = re.compile(rf"(?<![A-Za-z0-9_.])(?:{_NUMBER})(?![\d])")
 _BOX_CMDS = ("\\boxed", "\\fbox")
 # Bounds that keep exact arithmetic on adversarial numbers cheap.
 _MAX_DIGITS = 400

@@ -425,7 +425,11 @@ class WorkerPool:
                 worker = self._acquire()
             except Exception as exc:  # noqa: BLE001
                 return "error", f"no grading worker: {type(exc).__name__}: {exc}", 0.0
-            problem = worker.wait_ready(STARTUP_TIMEOUT)
+            try:
+                problem = worker.wait_ready(STARTUP_TIMEOUT)
+            except BaseException:
+                self._replace(worker)  # interrupted while waiting: don't leak the slot
+                raise
             if problem is not None:
                 self._replace(worker)
                 return "error", problem, 0.0
@@ -465,7 +469,10 @@ class WorkerPool:
             if reply is None:
                 self._replace(worker)
                 return "timeout", "hard", seconds
-            _, status, payload, _inner, recycle = reply
+            reply_job, status, payload, _inner, recycle = reply
+            if reply_job != job:  # cannot happen by protocol; never trust a confused worker
+                self._replace(worker)
+                return "error", "grading worker replied out of turn", seconds
             if recycle:
                 self._replace(worker)
             else:
