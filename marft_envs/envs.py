@@ -1,30 +1,31 @@
 """Built-in environment ids, registered when ``marft_envs`` is imported.
 
-Every id is a :class:`~marft_envs.text_env.TextTeamEnv` over one task and one
-built-in team (``marft_envs/profiles/<team>.json``). Entry points and task
-classes are named by strings, so registering imports no task module and loads
-no data: GSM8K and MATH load at ``make``/``reset`` (``data_dir=`` or
-``MARFT_DATA_DIR``, else the Hugging Face Hub).
+Every id is a :class:`~marft_envs.text_env.TextTeamEnv` (see its docstring for
+turns, observations, rewards and flags) over one task and one built-in team
+(``marft_envs/profiles/<team>.json``). Entry points and task classes are named
+by strings, so registering imports no task module and loads no data. The
+``FAMILIES`` dict below holds one doc page per family (the docs catalog is
+generated from it and from the task modules' docstrings).
 
-=====================  =====================================  ===================
-id                     team (topology)                        task (default split)
-=====================  =====================================  ===================
-arith-solo-v0          actor                                  arith (train)
-arith-duo-v0           reasoner -> actor (chain)              arith (train)
-arith-trio-v0          solver_a, solver_b -> aggregator (DAG)  arith (train)
-arith-routed-v0        orchestrator -> one specialist         arith (train)
-gsm8k-{solo,duo,trio}  as above                               GSM8K (train)
-math-{solo,duo,trio,   as above                               MATH (train; ``split="test"``
-routed}-v0                                                    or ``"test500"``)
-echo-duo-v0            speaker -> listener (chain)            echo toy task
-=====================  =====================================  ===================
+=====================  =======================================  =====================
+id                     team (topology)                          task (default split)
+=====================  =======================================  =====================
+arith-solo-v0          actor                                    arith (train)
+arith-duo-v0           reasoner -> actor (chain)                arith (train)
+arith-trio-v0          solver_a, solver_b -> aggregator (DAG)   arith (train)
+arith-routed-v0        orchestrator -> one specialist (routed)  arith (train)
+gsm8k-{solo,duo,trio}  as above                                 GSM8K (train)
+math-{solo,duo,trio,   as above                                 MATH (train; ``split=
+routed}-v0                                                      "test"`` / ``"test500"``)
+echo-duo-v0            speaker -> listener (chain)              echo toy task
+=====================  =======================================  =====================
 """
 
 from __future__ import annotations
 
 from marft_envs.registration import register
 
-__all__ = ["BUILTIN_ENV_IDS", "register_builtin_envs"]
+__all__ = ["BUILTIN_ENV_IDS", "FAMILIES", "register_builtin_envs"]
 
 _ENTRY = "marft_envs.text_env:env"
 _TEAMS = {
@@ -37,6 +38,64 @@ _TASKS = {
     "arith": ("procedural integer arithmetic, offline", ("solo", "duo", "trio", "routed"), {}),
     "gsm8k": ("GSM8K grade-school math", ("solo", "duo", "trio"), {"split": "train"}),
     "math": ("MATH competition math", ("solo", "duo", "trio", "routed"), {"split": "train"}),
+}
+
+_MATH_AGENTS = (
+    "solo: ``actor``; duo: ``reasoner``, ``actor``; trio: ``solver_a``, ``solver_b``, "
+    "``aggregator``; routed: ``orchestrator``, ``algebra``, ``number_theory``, ``geometry``"
+)
+_MATH_D = (
+    "solo/duo: ``Chain``; trio: ``DAG`` (parallel solvers -> aggregator); routed: ``Routed`` "
+    "(``ROUTE: <name>``; unparsed -> ``algebra``, flagged)"
+)
+
+
+def _page(summary: str, agents: str = _MATH_AGENTS, topology: str = _MATH_D) -> str:
+    return f"""{summary}
+
+| Property     | Value |
+|--------------|-------|
+| API          | PettingZoo ``AECEnv`` (:class:`~marft_envs.text_env.TextTeamEnv`) |
+| Agents       | {agents} |
+| D (topology) | {topology} |
+| Action space | ``UnicodeText(max_action_chars)`` |
+| Observation  | ``Dict(prompt=UnicodeText, turn=Discrete(horizon + 1))`` |
+| Reward       | shared team reward: ``outcome * correct`` (+ optional format, partial, cost terms) |
+| Episode      | ``horizon`` turns (default 1); a correct answer terminates, the horizon truncates |
+
+Common arguments: ``horizon``, ``feedback``, ``reward``, ``profiles``, ``max_action_chars``,
+``render_mode``.
+
+Version history: v0: initial release.
+"""
+
+
+#: One doc page per env family (PettingZoo classic style).
+FAMILIES: dict[str, str] = {
+    "arith": _page(
+        "Arithmetic (procedural, offline): ``What is 7 * 8?``; the default level is where a 135M "
+        "instruct model scores 10-40%. Arguments: ``split`` (train | test), ``digits`` (1), "
+        "``n_ops`` (1), ``ops`` (``+-*``). Grading: last ``\\boxed{}``, else last number; exact. "
+        "See :mod:`marft_envs.tasks.arith`."
+    ),
+    "gsm8k": _page(
+        "GSM8K grade-school word problems. Arguments: ``split`` (train | test), ``data_dir`` "
+        "(else ``$MARFT_DATA_DIR``, else the Hub ``openai/gsm8k``). Grading: numeric equality in "
+        "a worker process with a hard timeout. See :mod:`marft_envs.tasks.gsm8k`."
+    ),
+    "math": _page(
+        "MATH competition problems. Arguments: ``split`` (train | test | test500 = MATH-500), "
+        "``data_dir``, ``levels`` (1-5), ``subjects``. Grading: math-verify with a sympy fallback "
+        "against the boxed gold answer, in a worker process with a hard timeout. "
+        "See :mod:`marft_envs.tasks.math`."
+    ),
+    "echo": _page(
+        "Echo, a toy task for learning tests: ``speaker`` says a vocabulary word, ``listener`` "
+        "must repeat it. Optimum 1; chance 1/|V| (0.25). Argument: ``vocabulary``. "
+        "See :mod:`marft_envs.tasks.echo`.",
+        agents="``speaker``, ``listener``",
+        topology="``Chain`` (the listener sees the speaker)",
+    ),
 }
 
 BUILTIN_ENV_IDS: tuple[str, ...] = tuple(
