@@ -1,0 +1,45 @@
+"""Models and the team policy: base-model loading (aliases, GGUF cache), the tiny test
+model, per-role LoRA adapters on one shared base (:class:`TeamPolicy`), batched
+multi-adapter generation and the critic (:class:`ValueModel`).
+
+See ``docs/design/contracts.md`` section 2 for the contract other packages rely on.
+"""
+
+from marft_algos.models.aliases import ALIASES, ModelAlias, UnknownModelError, resolve_alias
+from marft_algos.models.loading import (
+    IntegrityError,
+    MissingPackageError,
+    cache_root,
+    load_base,
+    parse_dtype,
+)
+from marft_algos.models.policy import LoraSettings, TeamPolicy
+from marft_algos.models.sampling import (
+    FinishReason,
+    GenRequest,
+    GenResult,
+    SamplingParams,
+    TokenStats,
+)
+from marft_algos.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+__all__ = [
+    "ALIASES",
+    "FinishReason",
+    "GenRequest",
+    "GenResult",
+    "IntegrityError",
+    "LoraSettings",
+    "MissingPackageError",
+    "ModelAlias",
+    "SamplingParams",
+    "TeamPolicy",
+    "TokenStats",
+    "UnknownModelError",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "cache_root",
+    "load_base",
+    "parse_dtype",
+    "resolve_alias",
+]
