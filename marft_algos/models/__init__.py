@@ -22,6 +22,7 @@ from marft_algos.models.sampling import (
     TokenStats,
 )
 from marft_algos.models.tiny import build_tiny_model, build_tiny_tokenizer
+from marft_algos.models.value import ValueHead, ValueModel
 
 __all__ = [
     "ALIASES",
@@ -36,6 +37,8 @@ __all__ = [
     "TeamPolicy",
     "TokenStats",
     "UnknownModelError",
+    "ValueHead",
+    "ValueModel",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "cache_root",

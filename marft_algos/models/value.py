@@ -1,0 +1,228 @@
+"""ValueModel: the critic = the policy's frozen base model + MLP value head(s).
+
+The critic reuses the policy's base model OBJECT (no second copy of the weights, unlike
+the reference implementation, which loaded one base per agent plus one for the critic):
+its forward runs the base with the policy adapters disabled, or with its own LoRA
+adapter ``"critic"`` (``critic_lora=...``) added to the same peft model. In
+``mode="full"`` the policy's frozen reference copy serves as the critic's base.
+
+Value alignment:
+    ``values(role, prompts)[b]`` = V(observation) = head(hidden state at the LAST prompt
+    token).  ``token_values(role, prompts, responses)[b, j]`` = the value of the state
+    *before* response token j is emitted = head(hidden state at the position preceding
+    token j), i.e. at ``prompt + response[:j]``; hence ``token_values[:, 0] ==
+    values(prompts)``. Positions past a response's length are 0 (see ``mask``).
+
+Heads are fp32 (also under GPU autocast: hidden states are cast to fp32 first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from marft_algos.models.policy import LoraSettings, TeamPolicy
+
+__all__ = ["ValueHead", "ValueModel"]
+
+_SHARED = "shared"
+
+
+class ValueHead(nn.Module):
+    """``Linear(h, k) -> GELU -> Linear(k, 1)``, fp32; the last layer starts at zero (V = 0)."""
+
+    def __init__(self, hidden: int, inner: int | None = None) -> None:
+        super().__init__()
+        inner = inner or hidden
+        self.net = nn.Sequential(nn.Linear(hidden, inner), nn.GELU(), nn.Linear(inner, 1))
+        nn.init.zeros_(self.net[2].weight)
+        nn.init.zeros_(self.net[2].bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.net(h.float()).squeeze(-1)
+
+
+class ValueModel:
+    """Critic heads on the policy's (frozen) base.
+
+    Args:
+        policy_or_base: a :class:`TeamPolicy` (its base object is reused), or a
+            ``(model, tokenizer)`` pair / a model for a standalone critic.
+        per_agent: one head per role instead of one shared head.
+        roles: role names (default: the policy's roles; needed for a bare model with
+            ``per_agent=True``).
+        head_hidden: width of the head's hidden layer (default: the model's hidden size).
+        critic_lora: give the critic its own LoRA adapter ``"critic"`` on the shared base
+            (``True`` = the policy's LoRA settings); otherwise the base stays frozen.
+        seed: seeds the heads' initialisation.
+    """
+
+    def __init__(
+        self,
+        policy_or_base: TeamPolicy | tuple[Any, Any] | nn.Module,
+        per_agent: bool = False,
+        *,
+        roles: Sequence[str] | None = None,
+        head_hidden: int | None = None,
+        critic_lora: bool | LoraSettings = False,
+        seed: int = 0,
+    ) -> None:
+        self.policy = policy_or_base if isinstance(policy_or_base, TeamPolicy) else None
+        self.per_agent = per_agent
+        if self.policy is not None:
+            self.roles = list(roles or self.policy.roles)
+            self.device = self.policy.device
+        else:
+            model = policy_or_base[0] if isinstance(policy_or_base, tuple) else policy_or_base
+            self._model = model
+            for p in model.parameters():
+                p.requires_grad_(False)
+            self.roles = list(roles or [])
+            self.device = next(model.parameters()).device
+        if per_agent and not self.roles:
+            raise ValueError("per_agent=True needs the role names (roles=...)")
+        self.critic_adapter: str | None = None
+        self._critic_params: list[nn.Parameter] = []
+        if critic_lora:
+            if self.policy is None or self.policy.mode == "full":
+                raise ValueError("critic_lora needs a TeamPolicy in 'lora' or 'shared' mode")
+            settings = critic_lora if isinstance(critic_lora, LoraSettings) else None
+            # one critic adapter per distinct base
+            for role in self.roles:
+                self._critic_params.extend(self.policy.add_adapter(role, "critic", settings))
+            self._critic_params = list({id(p): p for p in self._critic_params}.values())
+            self.critic_adapter = "critic"
+        keys = self.roles if per_agent else [_SHARED]
+        heads = {}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for k in keys:
+                heads[k] = ValueHead(self._hidden_size(k if per_agent else (self.roles[0] if self.roles else None)), head_hidden)
+        self.heads = nn.ModuleDict(heads).to(self.device)
+
+    # ------------------------------------------------------------------------------------
+    def _owner(self, role: str | None) -> nn.Module:
+        """The ``*ForCausalLM`` whose hidden states the critic reads (shared object)."""
+        if self.policy is None:
+            return self._model
+        assert role is not None
+        if self.policy.mode == "full":
+            ref = self.policy._base(role).reference
+            return ref if ref is not None else self.policy.base_model(role)
+        return self.policy.base_model(role)
+
+    def _hidden_size(self, role: str | None) -> int:
+        cfg = self._owner(role).config
+        return int(getattr(cfg, "hidden_size", None) or cfg.get_text_config().hidden_size)
+
+    def head(self, role: str) -> ValueHead:
+        return self.heads[role] if self.per_agent else self.heads[_SHARED]
+
+    def trainable_parameters(self, role: str | None = None) -> list[nn.Parameter]:
+        """Head parameters of ``role`` (all heads when None) + the critic adapter, if any."""
+        heads = list(self.heads.values()) if role is None else [self.head(role)]
+        params = [p for h in heads for p in h.parameters()]
+        return params + list(self._critic_params)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return self.trainable_parameters(None)
+
+    # ------------------------------------------------------------------------------------
+    def _hidden(self, role: str, ids: torch.Tensor, att: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Last-layer hidden states ``[B, L, H]`` of the critic's base (no lm_head)."""
+        owner = self._owner(role)
+        backbone = getattr(owner, owner.base_model_prefix)
+        kwargs = dict(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False)
+        if self.policy is None:
+            with torch.no_grad():
+                return backbone(**kwargs).last_hidden_state
+        pol = self.policy
+        b = pol._base(role)
+        with pol._autocast():
+            if pol.mode == "full":
+                with torch.no_grad():
+                    return backbone(**kwargs).last_hidden_state
+            if self.critic_adapter is not None:
+                with pol._adapter(b, self.critic_adapter):
+                    return backbone(**kwargs).last_hidden_state
+            with torch.no_grad(), pol._adapter(b, None, disabled=True):
+                return backbone(**kwargs).last_hidden_state
+
+    def _layout(self, role: str, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> Any:
+        if self.policy is not None:
+            return self.policy._layout(self.policy._base(role), prompts, responses)
+        # standalone: borrow the layout logic without a policy
+        from types import SimpleNamespace
+
+        shim = SimpleNamespace(device=self.device)
+        tok = SimpleNamespace(pad_token_id=0)
+        return TeamPolicy._layout(shim, SimpleNamespace(tokenizer=tok), prompts, responses)  # type: ignore[arg-type]
+
+    def values(
+        self,
+        role: str,
+        prompt_ids: Sequence[Sequence[int]],
+        token_level: bool = False,
+        response_ids: Sequence[Sequence[int]] | None = None,
+    ) -> torch.Tensor:
+        """V(observation) ``[B]`` from the hidden state at the last prompt token; with
+        ``token_level=True`` the per-token values ``[B, T]`` of :meth:`token_values`."""
+        if token_level:
+            if response_ids is None:
+                raise ValueError("token_level=True needs response_ids")
+            return self.token_values(role, prompt_ids, response_ids)
+        ids, att, pos, _, _, plen, _ = self._layout(role, prompt_ids, [[] for _ in prompt_ids])
+        h = self._hidden(role, ids, att, pos)[:, plen - 1]
+        return self.head(role)(h)
+
+    def token_values(self, role: str, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Per-token values ``[B, T]``: entry j is the value before response token j (from
+        the hidden state at the position preceding it); zero past each response's end."""
+        ids, att, pos, _, rmask, plen, rlen = self._layout(role, prompt_ids, response_ids)
+        if rlen == 0:
+            return torch.zeros((len(prompt_ids), 0), device=self.device)
+        h = self._hidden(role, ids[:, :-1], att[:, :-1], pos[:, :-1])[:, plen - 1 : plen - 1 + rlen]
+        return self.head(role)(h) * rmask
+
+    __call__ = values
+
+    # ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Heads (and the critic adapter's weights) as CPU tensors."""
+        state: dict[str, Any] = {"heads": {k: v.detach().cpu().clone() for k, v in self.heads.state_dict().items()}}
+        if self.critic_adapter is not None:
+            state["critic"] = [p.detach().cpu().clone() for p in self._critic_params]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.heads.load_state_dict(state["heads"])
+        if self.critic_adapter is not None:
+            saved = state.get("critic")
+            if saved is None or len(saved) != len(self._critic_params):
+                raise ValueError("state has no matching critic adapter weights")
+            with torch.no_grad():
+                for p, v in zip(self._critic_params, saved, strict=True):
+                    p.copy_(v.to(p.device))
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), out / "value.pt")
+        meta = {"per_agent": self.per_agent, "roles": self.roles, "critic_adapter": self.critic_adapter}
+        (out / "value.json").write_text(json.dumps(meta, indent=1))
+        return out
+
+    def load(self, directory: str | os.PathLike[str]) -> None:
+        src = Path(directory)
+        meta = json.loads((src / "value.json").read_text())
+        if bool(meta.get("per_agent")) != self.per_agent:
+            raise ValueError(f"saved critic has per_agent={meta.get('per_agent')}, this one {self.per_agent}")
+        self.load_state_dict(torch.load(src / "value.pt", map_location="cpu", weights_only=True))
+        for p in self.trainable_parameters(None):
+            p.requires_grad_(True)
