@@ -84,6 +84,20 @@ def test_values_are_rebuilt_as_plain_builtins() -> None:
     assert r.passed, [t.error for t in r.tests]
 
 
+def test_iterators_ranges_and_large_globals() -> None:
+    prog = ("TABLE = list(range(100000))\n"
+            "SMALL = {'k': (1, 2)}\n"
+            "def evens(n):\n    return filter(lambda x: x % 2 == 0, range(n))\n"
+            "def rng(n):\n    return range(n)\n"
+            "def lookup(i):\n    return TABLE[i]\n")
+    units = ["assert list(evens(7)) == [0, 2, 4, 6] and evens(3) != [0, 2]",
+             "assert rng(5) == range(5)",
+             "assert lookup(99999) == 99999 and SMALL == {'k': (1, 2)}",
+             "assert 'TABLE' not in globals()"]  # too large to export; calls still work
+    r = run_tests(prog, units, timeout=5)
+    assert r.passed, [t.error for t in r.tests]
+
+
 def test_program_that_does_not_load() -> None:
     r = run_tests("def f(:\n", ["assert f() is None"], timeout=5)
     assert not r.passed and r.n_passed == 0 and "SyntaxError" in (r.error or "")

@@ -7,8 +7,11 @@ process running. A level the kernel refuses is skipped with the reason.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,9 +26,13 @@ SECRET = "marft-secret-5f3a9c"
 TESTS = ["assert solve(1) == 2", "assert solve(41) == 42"]
 
 
-def _leftovers() -> list[int]:
-    """Processes that belong to a sandbox run (their HOME is a sandbox work dir)."""
-    marker = ("HOME=" + os.path.join(tempfile.gettempdir(), "marft-sbx-")).encode()
+def _leftovers(workdir: str | None) -> list[int]:
+    """Processes of one sandbox run: their HOME is its work dir (the programs print
+    it first; other sessions may be running sandboxes at the same time)."""
+    if workdir is None or "marft-sbx-" not in workdir:
+        marker = ("HOME=" + os.path.join(tempfile.gettempdir(), "marft-sbx-")).encode()
+    else:
+        marker = ("HOME=" + workdir + "\0").encode()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -58,17 +65,20 @@ def outside(tmp_path: Path) -> dict[str, Path]:
 
 
 def _run(program: str, level: str, tests: list[str] | None = None, **kw):
+    program = "import os as _os\nprint(_os.getcwd(), flush=True)\n" + program
     t0 = time.monotonic()
     r = run_tests(program, tests or TESTS, timeout=TIMEOUT, isolation=level, **kw)
+    workdir = r.stdout.split("\n", 1)[0]
+    assert "marft-sbx-" in workdir and not os.path.exists(workdir), "work dir not removed"
     elapsed = time.monotonic() - t0
     print(f"[{level}] duration {elapsed:.3f}s passed={r.passed} n_passed={r.n_passed} "
           f"timed_out={r.timed_out} exit={r.exit_code} error={r.error!r}")
     assert not r.passed and r.n_passed == 0, r
     assert elapsed <= TIMEOUT + MARGIN, f"took {elapsed:.2f}s"
     deadline = time.monotonic() + 2.0  # pid-namespace teardown is asynchronous
-    while _leftovers() and time.monotonic() < deadline:
+    while _leftovers(workdir) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _leftovers() == [], "sandbox processes left behind"
+    assert _leftovers(workdir) == [], "sandbox processes left behind"
     return r
 
 
@@ -96,6 +106,15 @@ def test_memory_bomb(level: str) -> None:
     assert "MemoryError" in (r.error or "") or r.timed_out
 
 
+def test_fork_and_memory_bomb(level: str) -> None:
+    # Per-process RLIMIT_AS times the process cap; the memory cgroup (root) caps the sum.
+    prog = ("import os\nfor _ in range(64):\n    try:\n        os.fork()\n"
+            "    except OSError:\n        break\n"
+            "x = []\nwhile True:\n    try:\n        x.append(bytearray(16 * 2**20))\n"
+            "    except MemoryError:\n        pass\n")
+    _run(prog, level, memory_mb=256, max_processes=16)
+
+
 def test_deep_recursion(level: str) -> None:
     prog = ("import sys\nsys.setrecursionlimit(10**8)\n"
             "def f(n):\n    return f(n + 1) + 1\n"
@@ -105,8 +124,8 @@ def test_deep_recursion(level: str) -> None:
 
 def test_huge_output(level: str) -> None:
     r = _run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", level,
-             max_output=10_000)
-    assert len(r.stdout) <= 10_000 and r.output_truncated
+             max_output=100_000)
+    assert len(r.stdout) <= 100_000 and r.output_truncated
 
 
 def test_write_outside_workdir(level: str, outside: dict[str, Path]) -> None:
@@ -117,7 +136,21 @@ def test_write_outside_workdir(level: str, outside: dict[str, Path]) -> None:
             "    try:\n        open(p, 'w').write('pwned')\n"
             "    except OSError:\n        pass\n"
             "def solve(x):\n    return None\n")
-    _run(prog, level)
+    # The grader runs in a child process: the program writes into every pipe it finds
+    # there, and this test process's own pipes (other tests' workers) stay untouched.
+    code = ("import json, sys, time\nfrom marft_envs.sandbox import run_tests\n"
+            "t0 = time.monotonic()\n"
+            f"r = run_tests(sys.stdin.read(), {TESTS!r}, timeout={TIMEOUT}, isolation={level!r})\n"
+            "print(json.dumps({'passed': r.passed, 'n_passed': r.n_passed, 'error': r.error,\n"
+            "                  'elapsed': time.monotonic() - t0}))\n")
+    out = subprocess.run([sys.executable, "-c", code], input=prog.encode(),
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    stdout = out.stdout.decode("utf-8", "replace")  # the program wrote into this pipe too
+    res = json.loads(stdout[stdout.rindex('{"passed"'):].splitlines()[0])
+    print(f"[{level}] {res}")
+    assert not res["passed"] and res["n_passed"] == 0
+    assert res["elapsed"] <= TIMEOUT + MARGIN
     assert not outside["new"].exists()
     assert outside["victim"].read_text() == "original"
     assert not Path("/etc/marft-pwned").exists()
@@ -130,7 +163,21 @@ def test_delete_files(level: str, outside: dict[str, Path]) -> None:
             f"try:\n    os.remove({str(outside['victim'])!r})\nexcept OSError:\n    pass\n"
             f"shutil.rmtree({str(outside['vdir'])!r}, ignore_errors=True)\n"
             "def solve(x):\n    return None\n")
-    _run(prog, level)
+    # The grader runs in a child process: the program writes into every pipe it finds
+    # there, and this test process's own pipes (other tests' workers) stay untouched.
+    code = ("import json, sys, time\nfrom marft_envs.sandbox import run_tests\n"
+            "t0 = time.monotonic()\n"
+            f"r = run_tests(sys.stdin.read(), {TESTS!r}, timeout={TIMEOUT}, isolation={level!r})\n"
+            "print(json.dumps({'passed': r.passed, 'n_passed': r.n_passed, 'error': r.error,\n"
+            "                  'elapsed': time.monotonic() - t0}))\n")
+    out = subprocess.run([sys.executable, "-c", code], input=prog.encode(),
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    stdout = out.stdout.decode("utf-8", "replace")  # the program wrote into this pipe too
+    res = json.loads(stdout[stdout.rindex('{"passed"'):].splitlines()[0])
+    print(f"[{level}] {res}")
+    assert not res["passed"] and res["n_passed"] == 0
+    assert res["elapsed"] <= TIMEOUT + MARGIN
     assert outside["victim"].read_text() == "original"
     assert (outside["vdir"] / "inner.txt").read_text() == "inner"
 
@@ -177,7 +224,21 @@ def test_kill_parent(level: str) -> None:
             "        except OSError:\n            pass\n"
             f"try:\n    os.killpg(os.getpgid({me}), signal.SIGKILL)\nexcept OSError:\n    pass\n"
             "def solve(x):\n    return None\n")
-    _run(prog, level)
+    # The grader runs in a child process: the program writes into every pipe it finds
+    # there, and this test process's own pipes (other tests' workers) stay untouched.
+    code = ("import json, sys, time\nfrom marft_envs.sandbox import run_tests\n"
+            "t0 = time.monotonic()\n"
+            f"r = run_tests(sys.stdin.read(), {TESTS!r}, timeout={TIMEOUT}, isolation={level!r})\n"
+            "print(json.dumps({'passed': r.passed, 'n_passed': r.n_passed, 'error': r.error,\n"
+            "                  'elapsed': time.monotonic() - t0}))\n")
+    out = subprocess.run([sys.executable, "-c", code], input=prog.encode(),
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    stdout = out.stdout.decode("utf-8", "replace")  # the program wrote into this pipe too
+    res = json.loads(stdout[stdout.rindex('{"passed"'):].splitlines()[0])
+    print(f"[{level}] {res}")
+    assert not res["passed"] and res["n_passed"] == 0
+    assert res["elapsed"] <= TIMEOUT + MARGIN
     assert os.getpid() == me  # still here
 
 
@@ -224,3 +285,47 @@ def test_pass_marker_on_stdout_and_fake_frames(level: str) -> None:
             "def solve(x):\n    print('PASSED')\n    return None\n")
     r = _run(prog, level)
     assert "PASSED" in r.stdout
+
+
+def test_forged_reports_through_proc_fds(level: str) -> None:
+    # Without a pid namespace the grader's pipes are visible in /proc/<ppid>/fd: a
+    # frame written there must not count (reports are authenticated and numbered).
+    prog = ("import json, os, struct\n"
+            "def frames():\n"
+            "    out = b''\n"
+            "    for seq, ev in enumerate([{'event': 'loaded'}] + [\n"
+            "            {'event': 'test', 'index': i, 'passed': True, 'error': None,\n"
+            "             'duration': 0.0} for i in range(2)] + [{'event': 'done'}]):\n"
+            "        ev['seq'] = seq\n"
+            "        body = json.dumps(ev, sort_keys=True, separators=(',', ':'))\n"
+            "        raw = json.dumps({'body': body, 'mac': '0' * 64}).encode()\n"
+            "        out += struct.pack('>I', len(raw)) + raw\n"
+            "    return out\n"
+            "for pid in {os.getppid()}:\n"
+            "    try:\n        fds = os.listdir(f'/proc/{pid}/fd')\n"
+            "    except OSError:\n        continue\n"
+            "    for fd in fds:\n"
+            "        path = f'/proc/{pid}/fd/{fd}'\n"
+            "        try:\n"
+            "            if os.readlink(path).startswith('pipe:'):\n"
+            "                w = os.open(path, os.O_WRONLY | os.O_NONBLOCK)\n"
+            "                os.write(w, frames())\n"
+            "                os.close(w)\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "def solve(x):\n    return None\n")
+    # The grader runs in a child process: the program writes into every pipe it finds
+    # there, and this test process's own pipes (other tests' workers) stay untouched.
+    code = ("import json, sys, time\nfrom marft_envs.sandbox import run_tests\n"
+            "t0 = time.monotonic()\n"
+            f"r = run_tests(sys.stdin.read(), {TESTS!r}, timeout={TIMEOUT}, isolation={level!r})\n"
+            "print(json.dumps({'passed': r.passed, 'n_passed': r.n_passed, 'error': r.error,\n"
+            "                  'elapsed': time.monotonic() - t0}))\n")
+    out = subprocess.run([sys.executable, "-c", code], input=prog.encode(),
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    stdout = out.stdout.decode("utf-8", "replace")  # the program wrote into this pipe too
+    res = json.loads(stdout[stdout.rindex('{"passed"'):].splitlines()[0])
+    print(f"[{level}] {res}")
+    assert not res["passed"] and res["n_passed"] == 0
+    assert res["elapsed"] <= TIMEOUT + MARGIN

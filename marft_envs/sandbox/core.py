@@ -5,6 +5,8 @@ See the package docstring (``marft_envs.sandbox``) for the design.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import os
@@ -40,7 +42,10 @@ __all__ = [
 LEVELS: tuple[str, ...] = ("bwrap", "unshare-net", "rlimits+socket-block")
 _RUNNER = str(Path(__file__).with_name("_runner.py"))
 _SETUP_FAILED = 97  # the stub's exit status when hardening itself failed
+_CGROUP_FAILED = 98  # the wrapper shell could not join the run's cgroups
 _PATH = "/usr/local/bin:/usr/bin:/bin"
+_MAX_REPORT = 1 << 20  # bytes per checker report frame
+_TMPFS_BYTES = 64 * 2**20  # the private /tmp under bwrap is RAM: keep it small
 
 
 class SandboxUnavailable(RuntimeError):
@@ -177,23 +182,42 @@ def _check_level(level: str) -> str:
 
 
 # --------------------------------------------------------------- cgroup (root)
-_cg_root: str | None | bool = False  # False = not probed yet
+_cg_lock = threading.Lock()
+_cg_bases: dict[str, str] | None = None  # controller -> writable parent dir (probed once)
 
 
-def _cgroup_root() -> str | None:
-    """A writable cgroup-v1 pids hierarchy (root only): the process-count limit that
-    works when RLIMIT_NPROC does not (root is exempt from it)."""
-    global _cg_root
-    if _cg_root is False:
-        _cg_root = None
-        base = "/sys/fs/cgroup/pids"
-        if _is_root() and os.path.isfile(os.path.join(base, "cgroup.procs")):
+def _cgroup_bases() -> dict[str, str]:
+    """Writable cgroup-v1 ``pids``/``memory`` hierarchies under this process's own
+    cgroups (root only). ``pids.max`` caps the process count where RLIMIT_NPROC
+    cannot (uid 0 is exempt from it); ``memory.limit_in_bytes`` caps the whole
+    sandbox (RLIMIT_AS is per process: a fork bomb could multiply it)."""
+    global _cg_bases
+    with _cg_lock:
+        if _cg_bases is not None:
+            return _cg_bases
+        _cg_bases = {}
+        if not _is_root():
+            return _cg_bases
+        own: dict[str, str] = {}
+        try:
+            with open("/proc/self/cgroup") as f:
+                for line in f:
+                    _, ctrls, path = line.rstrip("\n").split(":", 2)
+                    for c in ctrls.split(","):
+                        own[c] = path
+        except OSError:
+            return _cg_bases
+        knob = {"pids": "pids.max", "memory": "memory.limit_in_bytes"}
+        for ctrl in ("pids", "memory"):
+            if ctrl not in own:
+                continue
+            base = os.path.join("/sys/fs/cgroup", ctrl) + own[ctrl].rstrip("/")
             probe = os.path.join(base, f"marft-probe-{os.getpid()}")
             try:
                 os.mkdir(probe)
-                with open(os.path.join(probe, "pids.max"), "w") as f:
-                    f.write("8")
-                _cg_root = base
+                with open(os.path.join(probe, knob[ctrl]), "w") as f:
+                    f.write(str(64 * 2**20) if ctrl == "memory" else "8")
+                _cg_bases[ctrl] = base
             except OSError:
                 pass
             finally:
@@ -201,7 +225,7 @@ def _cgroup_root() -> str | None:
                     os.rmdir(probe)
                 except OSError:
                     pass
-    return _cg_root or None
+        return _cg_bases
 
 
 def _cgroup_pids(cg: str) -> list[int]:
@@ -237,10 +261,13 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill(proc: subprocess.Popen, cg: str | None) -> None:
-    """SIGKILL the whole tree: descendants, the process group, the cgroup."""
+def _kill(proc: subprocess.Popen, cgs: Sequence[str] = (), scan: bool = True) -> None:
+    """SIGKILL the whole tree: the process group, descendants found in ``/proc``
+    (``scan``), every process in the run's cgroups."""
     for _ in range(50):
-        victims = _descendants(proc.pid) + (_cgroup_pids(cg) if cg else [])
+        victims = _descendants(proc.pid) if scan else []
+        for cg in cgs:
+            victims += _cgroup_pids(cg)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -255,7 +282,7 @@ def _kill(proc: subprocess.Popen, cg: str | None) -> None:
                 proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 continue
-        if not victims and not (cg and _cgroup_pids(cg)):
+        if not victims and not any(_cgroup_pids(cg) for cg in cgs):
             break
         time.sleep(0.002)
 
@@ -301,11 +328,24 @@ def _tasks_of_uid(uid: int) -> int:
     return n
 
 
+_NO_SITE = True  # -S: skip site.py (.pth processing costs ~40 ms per start)
+
+
+def _python_flags() -> list[str]:
+    return ["-I", "-S"] if _NO_SITE else ["-I"]
+
+
+def _site_paths() -> list[str]:
+    """The grader's import directories (stdlib and site-packages, no .pth hooks), so
+    that programs and tests still find installed packages under ``-S``."""
+    return [p for p in sys.path if p and os.path.isdir(p)] if _NO_SITE else []
+
+
 def _stub_command(level: str, workdir: str, cfg: dict) -> list[str]:
     py = sys.executable
-    stub = [py, "-I", "-u", _RUNNER, "stub", json.dumps(cfg)]
+    stub = [py, *_python_flags(), "-u", _RUNNER, "stub", json.dumps(cfg)]
     if level == "bwrap":
-        cmd = ["bwrap", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
+        cmd = ["bwrap", "--ro-bind", "/", "/", "--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp"]
         tmp = tempfile.gettempdir().rstrip("/") or "/tmp"
         for p in {os.path.dirname(_RUNNER), sys.prefix, sys.base_prefix,
                   os.path.dirname(os.path.realpath(py))}:
@@ -335,11 +375,21 @@ class _Run:
                  memory_mb: int | None, cpu_seconds: float | None, max_file_mb: int | None,
                  max_processes: int | None, files: Mapping[str, str] | None = None) -> None:
         self.level = level
-        self.workdir = tempfile.mkdtemp(prefix="marft-sbx-")
-        os.chmod(self.workdir, 0o755)
-        self.cg: str | None = None
+        self.cgs: list[str] = []
         self.proc: subprocess.Popen | None = None
         self.req_r = self.req_w = self.resp_r = self.resp_w = -1
+        self.workdir = tempfile.mkdtemp(prefix="marft-sbx-")
+        try:
+            self._start(program, serve, files, _limits(timeout, memory_mb, cpu_seconds,
+                                                       max_file_mb, max_processes, level),
+                        memory_mb, max_processes)
+        except BaseException:
+            self.close()  # no work dir, cgroup or pipe outlives a failed start
+            raise
+
+    def _start(self, program: str, serve: bool, files: Mapping[str, str] | None,
+               limits: dict, memory_mb: int | None, max_processes: int | None) -> None:
+        os.chmod(self.workdir, 0o755)
         prog_path = os.path.join(self.workdir, "program.py")
         with open(prog_path, "w", encoding="utf-8") as f:
             f.write(program)
@@ -350,13 +400,13 @@ class _Run:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with open(dest, "w", encoding="utf-8") as f:
                 f.write(text)
+        level = self.level
         cfg: dict[str, Any] = {
             "workdir": self.workdir, "program": prog_path, "serve": serve,
-            "module_name": "solution" if serve else "__main__",
-            "limits": _limits(timeout, memory_mb, cpu_seconds, max_file_mb, max_processes,
-                              level),
+            "module_name": "solution" if serve else "__main__", "limits": limits,
             "readonly": level == "unshare-net", "drop_caps": level == "unshare-net",
             "block_setsid": level == "rlimits+socket-block",
+            "sys_path": _site_paths(),
         }
         pass_fds: tuple[int, ...] = ()
         if serve:
@@ -365,15 +415,25 @@ class _Run:
             cfg.update(req=self.req_r, resp=self.resp_w)
             pass_fds = (self.req_r, self.resp_w)
         cmd = _stub_command(level, self.workdir, cfg)
-        root = _cgroup_root()
-        if root and max_processes is not None:
-            self.cg = os.path.join(root, f"marft-{uuid.uuid4().hex[:12]}")
-            os.mkdir(self.cg)
-            with open(os.path.join(self.cg, "pids.max"), "w") as f:
-                f.write(str(max_processes + 4))  # + bwrap/unshare helpers
-            # The shell joins the cgroup before exec: no fork can happen outside it.
-            cmd = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
-                   os.path.join(self.cg, "cgroup.procs"), *cmd]
+        name = f"marft-{uuid.uuid4().hex[:12]}"
+        knobs = {"pids": ("pids.max", max_processes + 4 if max_processes else None),
+                 "memory": ("memory.limit_in_bytes",
+                            (memory_mb + 256) * 2**20 if memory_mb else None)}
+        for ctrl, base in _cgroup_bases().items():
+            knob, value = knobs[ctrl]
+            if value is None:
+                continue
+            cg = os.path.join(base, name)
+            os.mkdir(cg)
+            self.cgs.append(cg)
+            with open(os.path.join(cg, knob), "w") as f:
+                f.write(str(value))
+        if self.cgs:
+            # The shell joins the cgroups before exec: no fork can happen outside them.
+            cmd = ["/bin/sh", "-c",
+                   f'while [ "$1" != -- ]; do echo $$ > "$1" || exit {_CGROUP_FAILED}; '
+                   'shift; done; shift; exec "$@"', "sh",
+                   *[os.path.join(cg, "cgroup.procs") for cg in self.cgs], "--", *cmd]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=self.workdir, env=_clean_env(self.workdir), pass_fds=pass_fds,
@@ -381,28 +441,30 @@ class _Run:
         if serve:  # the grader keeps no end that the program uses
             os.close(self.req_r)
             os.close(self.resp_w)
+            self.req_r = self.resp_w = -1
 
     def close(self) -> None:
         if self.proc is not None:
-            _kill(self.proc, self.cg)
+            _kill(self.proc, self.cgs)
             for s in (self.proc.stdout, self.proc.stderr):
                 if s is not None:
                     s.close()
-        for fd in (self.req_w, self.resp_r):
+        for fd in (self.req_r, self.req_w, self.resp_r, self.resp_w):
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        if self.cg:
+        self.req_r = self.req_w = self.resp_r = self.resp_w = -1
+        for cg in self.cgs:
             for _ in range(200):
                 try:
-                    os.rmdir(self.cg)
+                    os.rmdir(cg)
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    for pid in _cgroup_pids(self.cg):
+                    for pid in _cgroup_pids(cg):
                         try:
                             os.kill(pid, signal.SIGKILL)
                         except OSError:
@@ -502,7 +564,9 @@ def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | No
     deadline = t0 + timeout
     out, err, cerr = _Capture(max_output), _Capture(max_output), _Capture(8192)
     results: dict[int, TestResult] = {}
-    state: dict[str, Any] = {"done": False, "error": None, "buf": b""}
+    state: dict[str, Any] = {"done": False, "error": None, "buf": b"", "seq": 0,
+                             "tampered": False}
+    key = os.urandom(32)
     run = _Run(program, level=level, serve=True, timeout=timeout, memory_mb=memory_mb,
                cpu_seconds=cpu_seconds, max_file_mb=max_file_mb,
                max_processes=max_processes)
@@ -512,7 +576,7 @@ def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | No
     try:
         res_r, res_w = os.pipe()
         checker = subprocess.Popen(
-            [sys.executable, "-I", _RUNNER, "checker", str(run.req_w), str(run.resp_r),
+            [sys.executable, *_python_flags(), _RUNNER, "checker", str(run.req_w), str(run.resp_r),
              str(res_w)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, env={"PATH": _PATH, "LANG": "C.UTF-8"},
             pass_fds=(run.req_w, run.resp_r, res_w), start_new_session=True)
@@ -524,7 +588,7 @@ def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | No
         spec = {"units": units, "setup": setup, "entry_point": entry_point,
                 "candidate_name": candidate_name,
                 "timeout": max(0.05, deadline - time.monotonic() - 0.05),
-                "checker_memory": 4 * 2**30}
+                "checker_memory": 4 * 2**30, "sys_path": _site_paths(), "key": key.hex()}
         assert checker.stdin is not None
         try:
             checker.stdin.write(json.dumps(spec).encode())
@@ -536,22 +600,53 @@ def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | No
             if not data:
                 state["done"] = state["done"] or "eof"
                 return
+            if state["tampered"]:
+                return  # drain and ignore
             buf = state["buf"] + data
             while len(buf) >= 4:
                 n = int.from_bytes(buf[:4], "big")
+                if n > _MAX_REPORT:
+                    buf = b""
+                    _tampered()
+                    break
                 if len(buf) < 4 + n:
                     break
-                ev = json.loads(buf[4:4 + n])
-                buf = buf[4 + n:]
+                frame, buf = buf[4:4 + n], buf[4 + n:]
+                ev = _verify(frame)
+                if ev is None:
+                    _tampered()
+                    break
+                state["seq"] += 1
                 if ev["event"] == "test":
-                    results[ev["index"]] = TestResult(ev["index"], ev["passed"], ev["error"],
-                                                      ev["duration"])
+                    i = ev["index"]
+                    results[i] = TestResult(i, ev["passed"] is True, ev["error"],
+                                            float(ev["duration"]))
                 elif ev["event"] == "load_failed":
-                    state["error"] = ev["error"]
+                    state["error"] = str(ev["error"])
                 elif ev["event"] == "done":
                     state["done"] = True
                     state["timed_out"] = bool(ev.get("timed_out"))
             state["buf"] = buf
+
+        def _verify(frame: bytes) -> dict | None:
+            """The checker's event if its MAC and sequence number are right, else None."""
+            try:
+                outer = json.loads(frame)
+                body = str(outer["body"])
+                mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+                if not hmac.compare_digest(mac, str(outer["mac"])):
+                    return None
+                ev = json.loads(body)
+                return ev if isinstance(ev, dict) and ev.get("seq") == state["seq"] else None
+            except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+                return None
+
+        def _tampered() -> None:
+            # A frame that is not the checker's (forged through /proc/<pid>/fd without
+            # namespaces, or replayed): the whole run fails.
+            state["tampered"] = True
+            state["done"] = state["done"] or "tampered"
+            state["buf"] = b""
 
         proc = run.proc
         assert proc is not None and proc.stdout is not None and proc.stderr is not None
@@ -570,26 +665,31 @@ def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | No
                       lambda: not sel.get_map())
     finally:
         if checker is not None:
-            _kill(checker, None)
+            _kill(checker, scan=False)  # trusted: no children
             if checker.stderr is not None:
                 checker.stderr.close()
         for fd in (res_r, res_w):
             if fd >= 0:
                 os.close(fd)
         run.close()
+    if state["tampered"]:
+        results.clear()
     tests_out = [results.get(i, TestResult(i, False, "timeout" if not finished else
                                            "not run (checker failed)"))
                  for i in range(len(units))]
     n_passed = sum(t.passed for t in tests_out)
     error = state["error"]
+    if state["tampered"]:
+        error = "checker reports failed authentication (tampering)"
     if state["done"] is not True and error is None:
         error = "timeout" if not finished else ("checker failed: " + cerr.text()[-500:])
     timed_out = not finished or bool(state.get("timed_out"))
     assert run.proc is not None
-    if run.proc.returncode == _SETUP_FAILED and error is None:
+    if run.proc.returncode in (_SETUP_FAILED, _CGROUP_FAILED) and error is None:
         error = "sandbox setup failed: " + err.text()[-500:]
     return SandboxResult(
-        passed=state["done"] is True and bool(units) and n_passed == len(units),
+        passed=(state["done"] is True and not state["tampered"] and bool(units)
+                and n_passed == len(units)),
         n_tests=len(units), n_passed=n_passed, tests=tests_out, stdout=out.text(),
         stderr=err.text(), timed_out=timed_out, exit_code=run.proc.returncode,
         isolation=level, duration=time.monotonic() - t0, error=error,
