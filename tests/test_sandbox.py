@@ -135,6 +135,13 @@ def test_run_program_timeout_and_output_cap() -> None:
     assert len(r.stdout) == 1000 and r.output_truncated and r.exit_code == 0
 
 
+def test_run_program_ends_when_the_program_exits() -> None:
+    prog = ("import os, time\nif os.fork() == 0:\n    time.sleep(30)\n"
+            "print('parent done', flush=True)\n")
+    r = run_program(prog, timeout=5)
+    assert r.exit_code == 0 and not r.timed_out and r.duration < 2.0, r
+
+
 def test_limits_file_size_and_processes() -> None:
     r = run_program("open('big', 'wb').write(b'0' * (3 * 2**20))", timeout=5, max_file_mb=1)
     assert r.exit_code != 0  # SIGXFSZ or EFBIG

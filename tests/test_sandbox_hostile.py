@@ -329,3 +329,12 @@ def test_forged_reports_through_proc_fds(level: str) -> None:
     print(f"[{level}] {res}")
     assert not res["passed"] and res["n_passed"] == 0
     assert res["elapsed"] <= TIMEOUT + MARGIN
+
+
+def test_shadowing_builtins_used_by_the_tests(level: str) -> None:
+    prog = ("def len(x):\n    return 3\n"
+            "def sorted(x, **k):\n    return [1, 2, 3]\n"
+            "def isinstance(*a):\n    return True\n"
+            "def solve(x):\n    return 'nope'\n")
+    _run(prog, level, tests=["assert len(solve(1)) == 3", "assert sorted(solve(2)) == [1, 2, 3]",
+                             "assert isinstance(solve(3), int)"])

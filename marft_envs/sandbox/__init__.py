@@ -63,8 +63,13 @@ bytes; anything else becomes an object equal to nothing). So
 * the verdict of each unit travels on a pipe that only the checker holds; the
   grader counts units itself (``n_tests`` = units it sent), and ``passed`` needs
   the checker's final "done" record plus every unit passing;
+* program names that shadow builtins (a ``len`` or ``sorted`` that always
+  agrees) are not imported into the tests' namespace, except the entry point;
 * the program cannot reach the checker: other pid namespace (bwrap,
-  unshare-net), and in every level seccomp refuses signals/ptrace to others.
+  unshare-net), and in every level seccomp refuses signals/ptrace to others;
+  the checker's reports are HMAC-authenticated and numbered with a per-run key,
+  so frames injected into the grader's pipe (possible through
+  ``/proc/<pid>/fd`` when there is no pid namespace) fail the run.
 
 Limits of the approach: arguments are copied, so a test that checks in-place
 mutation of an argument, or passes a callable/an instance of a program-defined

@@ -512,12 +512,15 @@ def checker_main(req: int, resp: int, out: int) -> None:
     except (ProgramGone, DeadlineExceeded) as e:
         hello = {"ok": False, "exc": type(e).__name__, "msg": str(e)}
     ns: dict = {"__name__": "__marft_tests__", "__builtins__": builtins}
+    entry = spec.get("entry_point")
     if hello.get("ok") is True:
         for item in hello.get("names", []):
             try:
                 name, kind, value = item
                 if not isinstance(name, str) or not name.isidentifier():
                     continue
+                if name in vars(builtins) and name != entry:
+                    continue  # a program's ``len`` must not answer the test's len()
                 ns[name] = _proxy(link, name) if kind == "callable" else decode(value)
             except (ValueError, TypeError, RecursionError):
                 continue
@@ -525,7 +528,6 @@ def checker_main(req: int, resp: int, out: int) -> None:
     else:
         link.dead = f"program failed to load: {hello.get('exc')}: {hello.get('msg')}"
         report({"event": "load_failed", "error": link.dead})
-    entry = spec.get("entry_point")
     if entry:
         ns[spec.get("candidate_name") or "candidate"] = _proxy(link, entry)
     setup_error = None

@@ -534,8 +534,18 @@ def _run_program(program: str, *, level: str, timeout: float, memory_mb: int | N
                 os.set_blocking(stream.fileno(), False)
                 sel.register(stream.fileno(), selectors.EVENT_READ)
                 handlers[stream.fileno()] = cap.feed
-            finished = _pump(sel, deadline, handlers,
-                             lambda: not sel.get_map() and proc.poll() is not None)
+            exited: list[float] = []
+
+            def ended() -> bool:
+                # Done at EOF after exit; a background child that keeps the pipes open
+                # gets 0.1 s of grace after the program itself exits, then is killed.
+                if proc.poll() is None:
+                    return False
+                if not exited:
+                    exited.append(time.monotonic())
+                return not sel.get_map() or time.monotonic() - exited[0] > 0.1
+
+            finished = _pump(sel, deadline, handlers, ended)
     finally:
         run.close()
     assert run.proc is not None

@@ -372,7 +372,8 @@ class MBPPTask(_CodeTask):
     def grade(self, response: str, problem: Problem) -> GradeResult:
         row = self.rows[int(problem.meta["index"])]
         return _grade(response, lambda code: code, self._units(row),
-                      row.get("test_setup_code") or "", None, reward_mode=self.reward_mode,
+                      row.get("test_setup_code") or "", _mbpp_entry(row),
+                      reward_mode=self.reward_mode,
                       timeout=self.timeout, memory_mb=self.memory_mb, isolation=self.isolation)
 
     def __repr__(self) -> str:
