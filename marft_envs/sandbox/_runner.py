@@ -434,8 +434,8 @@ class _Link:
         except TimeoutError:
             self.dead, self.timed_out = "deadline exceeded", True
             raise DeadlineExceeded(self.dead) from None
-        except (ValueError, OSError, UnicodeDecodeError) as e:
-            self.dead = f"protocol error: {e}"
+        except (ValueError, OSError, RecursionError, MemoryError) as e:
+            self.dead = f"protocol error: {type(e).__name__}: {e}"
             raise ProgramGone(self.dead) from None
         if msg is None or not isinstance(msg, dict):
             self.dead = "program exited"
