@@ -1,0 +1,189 @@
+"""Token-level MARFT: per-token values, the token Bellman backup across agents, per-token PPO.
+
+Paper: arXiv 2504.16129, token-level MARFT. The chain of :mod:`marft_action` is refined
+to one link per token: there is no reward inside an action, and the last token of an
+agent's action bootstraps from the first-token value of its successor (the next agent
+executed, or the first agent of the next turn)::
+
+    V_{k,j} = critic(o_k, a_k[:j])                         # value before token j of action k
+    inside an action:  delta = gamma_token V_{k,j+1} - V_{k,j}
+    last token:        delta = r_k + gamma(k) V_{k',0} (1 - d_k) - V_{k,T_k-1}
+    A_{k,j} = delta + (gamma lam of that hop) A_{next link}           R = A + V
+    rho_{k,j} = exp(log pi(a_{k,j} | ...) - log pi_old(a_{k,j} | ...))
+    L_pi = masked mean over real tokens of max(-A rho, -A clip(rho, 1-eps_low, 1+eps_high))
+    L_V  = masked mean over real tokens of huber_or_mse(R - V)
+
+``gamma_token`` and ``lam_token`` default to 1: a token is not a unit of time, so the
+outcome's credit reaches an action's first token undiscounted. The reference used its
+one gamma (0.99) and lambda (0.95) per token (credit to token 0 of a 512-token answer
+decays like 0.99^512); set ``gamma_token=0.99, lam_token=0.95`` to reproduce it.
+
+Everything else (critic, warm-up, agent-by-agent schedule, clip-higher, entropy bonus,
+KL penalty and hard cut, collapse recovery) is shared with action-level MARFT.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from marft_algos.algos.marft_action import (
+    MARFTConfig,
+    MARFTTrainerBase,
+    _check,
+    _explained_variance,
+)
+from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.trainer import pad_sequences, register_algorithm
+
+__all__ = ["MARFTTokenConfig", "MARFTTokenTrainer"]
+
+
+@dataclass
+class MARFTTokenConfig(MARFTConfig):
+    """Token-level MARFT: per-token values and Bellman backup across agents, per-token PPO ratios."""
+
+    gamma_token: float = field(default=1.0, metadata={"help": "Discount between tokens of one action (reference: 0.99, i.e. the step gamma)."})
+    lam_token: float = field(default=1.0, metadata={"help": "GAE lambda between tokens of one action (reference: 0.95)."})
+    loss_agg: str = field(default="token", metadata={"help": "'token' (mean over all real tokens) or 'sequence' (mean per action, then over actions)."})
+
+    algo: typing.ClassVar[str] = "marft-token"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(0 <= self.gamma_token <= 1, f"gamma_token must be in [0, 1], got {self.gamma_token}")
+        _check(0 <= self.lam_token <= 1, f"lam_token must be in [0, 1], got {self.lam_token}")
+        _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
+
+
+class MARFTTokenTrainer(MARFTTrainerBase):
+    """Token-level MARFT: token values, cross-agent token backup, per-token clipped ratios."""
+
+    config_cls = MARFTTokenConfig
+    config: MARFTTokenConfig
+
+    # ---- values and advantages -------------------------------------------------------------
+    def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
+        """``t.extras["token_values"]``: one value per response token (no grad).
+
+        An empty or non-trainable action keeps one virtual link valued ``V(o)`` (= the
+        value before its first token) so the chain stays connected and its reward counts.
+        """
+        cache = self.critic.can_cache
+        with torch.no_grad():
+            for agent in self.agents:
+                trs = [t for t in batch.transitions if t.agent == agent]
+                full = [t for t in trs if t.trainable and t.response_ids]
+                empty = [t for t in trs if not (t.trainable and t.response_ids)]
+                for s in range(0, len(full), chunk):
+                    part = full[s : s + chunk]
+                    prompts, responses = [t.prompt_ids for t in part], [t.response_ids for t in part]
+                    if cache:  # frozen base: keep the hidden states for the critic's training passes
+                        feats = self.critic.token_features(agent, prompts, responses)
+                        v = self.critic.head_values(agent, feats).cpu()
+                        for t, f in zip(part, feats, strict=True):
+                            t.extras["critic_feat"] = f[: len(t.response_ids)]
+                    else:
+                        v = self.critic.token_values(agent, prompts, responses).cpu()
+                    for row, t in zip(v, part, strict=True):
+                        t.extras["token_values"] = row[: len(t.response_ids)].double().tolist()
+                        t.value = float(row[0])
+                for s in range(0, len(empty), chunk):
+                    part = empty[s : s + chunk]
+                    ok = [t for t in part if t.trainable]
+                    vals = self.critic.action_values(agent, [t.prompt_ids for t in ok]).cpu().tolist() if ok else []
+                    by_id = {id(t): v for t, v in zip(ok, vals, strict=True)}
+                    for t in part:
+                        t.value = float(by_id.get(id(t), 0.0))
+                        t.extras["token_values"] = [t.value]
+
+    def compute_advantages(self, batch: RolloutBatch) -> None:
+        """Token-level backup over each episode's executed chain (see module docstring)."""
+        from marft_algos.advantages import token_level_backup
+
+        c = self.config
+        trs = batch.transitions
+        if not trs:
+            return
+        if any("token_values" not in t.extras for t in trs):
+            self.compute_values(batch)
+        adv, ret = token_level_backup(
+            [t.reward for t in trs],
+            [t.extras["token_values"] for t in trs],
+            [t.turn for t in trs],
+            [t.episode_id for t in trs],
+            gamma_token=c.gamma_token,
+            lam_token=c.lam_token,
+            gamma_agent=c.gamma_agent,
+            lam_agent=c.lam_agent,
+            gamma_turn=c.gamma_turn,
+            lam_turn=c.lam_turn,
+        )
+        for t, a, r in zip(trs, adv, ret, strict=True):
+            t.extras["token_adv"] = a.tolist()
+            t.extras["token_ret"] = r.tolist()
+            t.advantage, t.returns = float(np.mean(a)), float(r[0])
+
+        def put(t: Transition, v: Any) -> None:
+            t.extras["token_adv"] = np.asarray(v, dtype=np.float64).tolist()
+            t.advantage = float(np.mean(v))
+
+        self.normalize(batch, lambda t: np.asarray(t.extras["token_adv"]), put)
+
+    # ---- losses ----------------------------------------------------------------------------
+    def advantages_tensor(self, mb: list[Transition], stats: Any) -> torch.Tensor:
+        return pad_sequences([t.extras["token_adv"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
+
+    def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Per-token clipped surrogate, masked mean (+ entropy bonus, KL to the reference)."""
+        from marft_algos import losses
+
+        c = self.config
+        mask = stats.mask.float()
+        old = self.old_logprobs(mb, stats)
+        adv = self.advantages_tensor(mb, stats)
+        loss, info = losses.ppo_policy_loss(stats.logprobs, old, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
+        m = {f"agent/{agent}/{k}": float(v) for k, v in info.items()}
+        m[f"agent/{agent}/policy_loss"] = float(loss.detach())
+        m[f"agent/{agent}/kl"] = float(losses.approx_kl(stats.logprobs.detach(), old, mask))
+        m[f"agent/{agent}/advantage_mean"] = float(losses.masked_mean(adv, mask))
+        loss = self.entropy_and_penalties(agent, mb, stats, loss, m)
+        return loss, m
+
+    def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
+        from marft_algos import losses
+
+        c = self.config
+        with_tokens = [t for t in mb if t.response_ids]
+        if not with_tokens:
+            zero = torch.zeros((), requires_grad=True)
+            return zero, {}
+        if all("critic_feat" in t.extras for t in with_tokens):
+            feats = torch.nn.utils.rnn.pad_sequence([t.extras["critic_feat"] for t in with_tokens], batch_first=True)
+            v = self.critic.head_values(agent, feats)
+        else:
+            v = self.critic.token_values(agent, [t.prompt_ids for t in with_tokens], [t.response_ids for t in with_tokens])
+        T = v.shape[1]
+        returns = pad_sequences([t.extras["token_ret"] for t in with_tokens], T, device=v.device)
+        old_v = pad_sequences([t.extras["token_values"] for t in with_tokens], T, device=v.device)
+        lengths = torch.tensor([min(len(t.response_ids), T) for t in with_tokens], device=v.device)
+        mask = (torch.arange(T, device=v.device)[None, :] < lengths[:, None]).float()
+        loss = losses.value_loss(v, returns, old_v, kind=c.value_loss, delta=c.huber_delta, clip=c.value_clip, mask=mask)
+        return loss, {
+            f"agent/{agent}/value_loss": float(loss.detach()),
+            f"agent/{agent}/value_mean": float(losses.masked_mean(v.detach(), mask)),
+            f"agent/{agent}/return_mean": float(losses.masked_mean(returns, mask)),
+            f"agent/{agent}/explained_variance": _explained_variance(v.detach(), returns, mask),
+        }
+
+
+register_algorithm(
+    "marft-token",
+    MARFTTokenTrainer,
+    MARFTTokenConfig,
+    "Token-level MARFT: per-token values and Bellman backup across agents, per-token PPO ratios, shared critic, collapse recovery",
+)

@@ -1,0 +1,332 @@
+"""Collapse recovery: detect a training collapse and roll back to the last good checkpoint.
+
+The MARFT paper's remedy for a collapsed run is manual: stop, reload an earlier
+checkpoint, lower the learning rate, continue. :class:`CollapseRecovery` automates it.
+
+After every training step it reads the step's metrics and checks, against
+configurable thresholds (:class:`RecoverySettings`):
+
+- **non-finite**: the step skipped an optimizer step for a NaN/inf loss or gradient
+  (``train/nonfinite_skips`` grew), a monitored metric is NaN/inf, or a trainable
+  parameter is no longer finite;
+- **entropy surge**: an agent's mean token entropy exceeds ``entropy_factor`` times its
+  running baseline (an EMA over healthy steps) *and* the baseline by at least
+  ``entropy_min_delta`` nats (or exceeds ``entropy_max`` outright);
+- **KL spike**: an agent's approximate KL to the rollout policy (``agent/<a>/kl``) exceeds
+  ``kl_max``, or its KL to the reference (``agent/<a>/ref_kl``) exceeds ``ref_kl_max``;
+- **reward collapse**: the EMA of ``team/reward`` falls below ``(1 - reward_drop)`` times
+  the best EMA seen, once that best is at least ``reward_min``.
+
+Checkpoints: a checkpoint is written (via :mod:`marft_algos.checkpoint`) after each
+``every``-th healthy step. Its weights are only *validated* by the NEXT step (the step
+that collects and trains with them), so a checkpoint becomes "good" once the following
+step is healthy. On a collapse the trainer is rolled back to the last good checkpoint:
+policy weights, critic / value heads, optimizer and scheduler states; then every
+learning rate is multiplied by ``lr_factor``. The step counter, the problem stream and
+the RNG keep running (the run continues on new problems instead of replaying the ones
+that collapsed it), and the metrics history is kept (the collapse stays visible). Each
+rollback is logged (``recovery/rollbacks``, ``recovery/reason/<reason>``, a warning, and
+a ``recovery.jsonl`` line in the run directory). After ``max_rollbacks`` rollbacks a
+further collapse raises :class:`CollapseError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
+
+log = logging.getLogger("marft")
+
+
+class CollapseError(RuntimeError):
+    """A collapse after the allowed number of rollbacks."""
+
+
+@dataclass
+class RecoverySettings:
+    """Thresholds and actions of collapse recovery (``None`` disables a detector)."""
+
+    entropy_factor: float | None = 3.0
+    entropy_min_delta: float = 1.0
+    entropy_max: float | None = None
+    kl_max: float | None = 1.0
+    ref_kl_max: float | None = None
+    reward_drop: float | None = 0.5
+    reward_min: float = 0.2
+    reward_ema: float = 0.5
+    baseline_ema: float = 0.3
+    warmup: int = 2
+    every: int = 1
+    lr_factor: float = 0.5
+    max_rollbacks: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0 < self.lr_factor <= 1:
+            raise ValueError(f"lr_factor must be in (0, 1], got {self.lr_factor}")
+        if self.every < 1:
+            raise ValueError(f"every must be >= 1, got {self.every}")
+        if self.max_rollbacks < 0:
+            raise ValueError(f"max_rollbacks must be >= 0, got {self.max_rollbacks}")
+        if self.reward_drop is not None and not 0 < self.reward_drop < 1:
+            raise ValueError(f"reward_drop must be in (0, 1), got {self.reward_drop}")
+
+
+class CollapseDetector:
+    """Stateful checks of one step's metrics; baselines only learn from healthy steps."""
+
+    def __init__(self, settings: RecoverySettings, agents: list[str]) -> None:
+        self.s = settings
+        self.agents = list(agents)
+        self.entropy_baseline: dict[str, float] = {}
+        self.reward_ema: float | None = None
+        self.best_reward_ema: float = -math.inf
+        self.healthy_steps = 0
+        self.last_nonfinite = 0.0
+
+    # baselines are part of the rollback state: a rolled-back run resumes its old baselines
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "entropy_baseline": dict(self.entropy_baseline),
+            "reward_ema": self.reward_ema,
+            "best_reward_ema": self.best_reward_ema,
+            "healthy_steps": self.healthy_steps,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.entropy_baseline = dict(state["entropy_baseline"])
+        self.reward_ema = state["reward_ema"]
+        self.best_reward_ema = state["best_reward_ema"]
+        self.healthy_steps = int(state["healthy_steps"])
+
+    def check(self, metrics: Mapping[str, float], params: list[torch.Tensor] | None = None) -> list[str]:
+        """Reasons for a collapse in this step (empty = healthy); updates baselines if healthy."""
+        s = self.s
+        reasons: list[str] = []
+        skips = float(metrics.get("train/nonfinite_skips", self.last_nonfinite))
+        if skips > self.last_nonfinite:
+            reasons.append("nonfinite")
+        self.last_nonfinite = skips
+        watched = ["team/reward"] + [f"agent/{a}/{k}" for a in self.agents for k in ("entropy", "kl", "ref_kl", "loss")]
+        if any(k in metrics and not math.isfinite(float(metrics[k])) for k in watched) and "nonfinite" not in reasons:
+            reasons.append("nonfinite")
+        if params is not None and "nonfinite" not in reasons:
+            if not all(bool(torch.isfinite(p).all()) for p in params):
+                reasons.append("nonfinite")
+        armed = self.healthy_steps >= s.warmup
+        entropies: dict[str, float] = {}
+        for a in self.agents:
+            e = metrics.get(f"agent/{a}/entropy")
+            if e is None or not math.isfinite(float(e)):
+                continue
+            e = float(e)
+            entropies[a] = e
+            if s.entropy_max is not None and e > s.entropy_max:
+                reasons.append(f"entropy_surge/{a}")
+                continue
+            base = self.entropy_baseline.get(a)
+            if armed and s.entropy_factor is not None and base is not None:
+                if e > s.entropy_factor * base and e - base > s.entropy_min_delta:
+                    reasons.append(f"entropy_surge/{a}")
+        for a in self.agents:
+            kl = metrics.get(f"agent/{a}/kl")
+            if s.kl_max is not None and kl is not None and float(kl) > s.kl_max:
+                reasons.append(f"kl_spike/{a}")
+            rkl = metrics.get(f"agent/{a}/ref_kl")
+            if s.ref_kl_max is not None and rkl is not None and float(rkl) > s.ref_kl_max:
+                reasons.append(f"ref_kl_spike/{a}")
+        r = metrics.get("team/reward")
+        new_ema = self.reward_ema
+        if r is not None and math.isfinite(float(r)):
+            new_ema = float(r) if self.reward_ema is None else s.reward_ema * float(r) + (1 - s.reward_ema) * self.reward_ema
+            if (
+                armed
+                and s.reward_drop is not None
+                and self.best_reward_ema >= s.reward_min
+                and new_ema < (1 - s.reward_drop) * self.best_reward_ema
+            ):
+                reasons.append("reward_collapse")
+        if not reasons:  # learn baselines from healthy steps only
+            self.healthy_steps += 1
+            for a, e in entropies.items():
+                b = self.entropy_baseline.get(a)
+                self.entropy_baseline[a] = e if b is None else s.baseline_ema * e + (1 - s.baseline_ema) * b
+            self.reward_ema = new_ema
+            if new_ema is not None:
+                self.best_reward_ema = max(self.best_reward_ema, new_ema)
+        return reasons
+
+
+class CollapseRecovery:
+    """Detect collapses after each step and roll the trainer back (see module docstring).
+
+    Args:
+        trainer: a :class:`marft_algos.trainer.Trainer` (uses ``save_checkpoint``-compatible
+            state: ``policy.save/load``, ``state_dict``/``load_state_dict``, optimizers,
+            schedulers, ``counters``, ``history``, ``logger``).
+        settings: thresholds and actions.
+        root: where recovery checkpoints go (default ``<out_dir>/recovery``, or a
+            temporary dir removed by :meth:`close` when the run has no ``out_dir``).
+    """
+
+    def __init__(self, trainer: Any, settings: RecoverySettings, root: str | Path | None = None) -> None:
+        self.trainer = trainer
+        self.s = settings
+        self.detector = CollapseDetector(settings, trainer.agents)
+        out_dir = getattr(trainer.config, "out_dir", None)
+        self._tmp: str | None = None
+        if root is None:
+            if out_dir:
+                root = Path(out_dir) / "recovery"
+            else:
+                self._tmp = tempfile.mkdtemp(prefix="marft-recovery-")
+                root = self._tmp
+        self.root = Path(root)
+        # (checkpoint dir, {detector state, lr scale}) of the last good / the unvalidated one
+        self.good: tuple[Path, dict[str, Any]] | None = None
+        self.pending: tuple[Path, dict[str, Any]] | None = None
+        self.rollbacks: list[dict[str, Any]] = []
+
+    # ---- checkpoints ------------------------------------------------------------------
+    def _save(self) -> tuple[Path, dict[str, Any]]:
+        from marft_algos.checkpoint import save_checkpoint
+
+        path = save_checkpoint(self.trainer, self.root, keep=0)  # we prune ourselves
+        return path, {"detector": self.detector.state_dict(), "lr_scale": float(getattr(self.trainer, "lr_scale", 1.0))}
+
+    def _prune(self) -> None:
+        keep = {x[0] for x in (self.good, self.pending) if x is not None}
+        for p in self.root.glob("step-*"):
+            if p not in keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def start(self) -> None:
+        """Save the starting point (the weights before any update count as good)."""
+        self.good = self._save()
+        self.pending = None
+
+    def _trainable(self) -> list[torch.Tensor]:
+        t = self.trainer
+        seen: dict[int, torch.Tensor] = {}
+        for opt in t.optimizers.values():
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    seen[id(p)] = p
+        return list(seen.values())
+
+    # ---- the check ----------------------------------------------------------------------
+    def after_step(self, metrics: dict[str, float]) -> bool:
+        """Check the step that produced ``metrics``; roll back if it collapsed. Returns True on rollback."""
+        if self.good is None:
+            self.start()
+        reasons = self.detector.check(metrics, self._trainable())
+        t = self.trainer
+        if not reasons:
+            if self.pending is not None:  # the weights of the pending checkpoint just proved healthy
+                self.good, self.pending = self.pending, None
+            if t.global_step % self.s.every == 0:
+                self.pending = self._save()
+            self._prune()
+            return False
+        if len(self.rollbacks) >= self.s.max_rollbacks:
+            raise CollapseError(
+                f"step {t.global_step}: collapse ({', '.join(reasons)}) after {len(self.rollbacks)} rollbacks "
+                f"(max_rollbacks={self.s.max_rollbacks}); stopping"
+            )
+        self.rollback(reasons, metrics)
+        return True
+
+    def rollback(self, reasons: list[str], metrics: dict[str, float] | None = None) -> None:
+        """Restore the last good checkpoint, scale every learning rate by ``lr_factor``."""
+        from marft_algos.checkpoint import load_checkpoint
+
+        t = self.trainer
+        assert self.good is not None
+        path, saved = self.good
+        # keep what must survive the rollback: the run goes on (new problems, same step count)
+        keep = {
+            "global_step": t.global_step,
+            "counters": dict(t.counters),
+            "history": list(t.history),
+            "collector": t.collector.state_dict(),
+            "np_rng": t.np_rng.bit_generator.state,
+            "rng": _rng_state(),
+        }
+        lr_scale = getattr(t, "lr_scale", 1.0) * self.s.lr_factor
+        logger, t.logger = t.logger, None  # load_checkpoint would truncate the metrics log
+        try:
+            load_checkpoint(t, path)
+        finally:
+            t.logger = logger
+        t.global_step = keep["global_step"]
+        t.counters.clear()
+        t.counters.update(keep["counters"])
+        t.history = keep["history"]
+        t.collector.load_state_dict(keep["collector"])
+        t.np_rng.bit_generator.state = keep["np_rng"]
+        _set_rng_state(keep["rng"])
+        self.detector.load_state_dict(saved["detector"])
+        # lower every learning rate: the restored states carry the scale in force when they
+        # were saved; bring them to the new cumulative scale (schedulers scale from base_lrs)
+        factor = lr_scale / saved["lr_scale"]
+        t.lr_scale = lr_scale
+        for sched in {id(s): s for s in t.schedulers.values()}.values():
+            sched.base_lrs = [lr * factor for lr in sched.base_lrs]
+        for opt in {id(o): o for o in t.optimizers.values()}.values():
+            for g in opt.param_groups:
+                g["lr"] *= factor
+                if "initial_lr" in g:
+                    g["initial_lr"] *= factor
+        self.pending = None
+        self._prune()
+        event = {
+            "step": t.global_step,
+            "reasons": reasons,
+            "restored": path.name,
+            "lr_scale": lr_scale,
+            "time": time.time(),
+        }
+        self.rollbacks.append(event)
+        t.counters["recovery/rollbacks"] += 1
+        for r in reasons:
+            t.counters[f"recovery/reason/{r}"] += 1
+        if metrics is not None:
+            metrics["recovery/rollback"] = 1.0
+            metrics["recovery/rollbacks"] = float(t.counters["recovery/rollbacks"])
+        log.warning("step %d: collapse detected (%s); rolled back to %s, lr x%g (total scale %g)",
+                    t.global_step, ", ".join(reasons), path.name, self.s.lr_factor, lr_scale)
+        out_dir = getattr(t.config, "out_dir", None)
+        if out_dir:
+            with open(Path(out_dir) / "recovery.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(event) + "\n")
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def settings_dict(self) -> dict[str, Any]:
+        return asdict(self.s)
+
+
+def _rng_state() -> dict[str, Any]:
+    from marft_algos.trainer import rng_state
+
+    return rng_state()
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    from marft_algos.trainer import set_rng_state
+
+    set_rng_state(state)

@@ -1,0 +1,271 @@
+"""Action-level MARFT: chain GAE through the trainer, whole-action ratios, critic, KL cut, learning.
+
+The learning toy: ``echo-duo-v0`` with the single-letter vocabulary ``a b c d`` and a
+tiny random model whose output layer is biased towards those letters (one new token per
+action). The untrained team then says vocabulary words at random, i.e. it scores the
+env's documented chance level ``1/|V| = 0.25``; the optimum (1.0) needs the two agents
+to coordinate (the listener repeating the speaker). The bias only makes the action
+*format* likely (a random byte-level model never emits a vocabulary word); it gives no
+hint about which word to say.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from marft_algos.config import ConfigError
+from marft_algos.rollout import Episode, RolloutBatch, Transition
+
+pytest.importorskip("marft_algos.models")
+from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
+from marft_algos.models import TeamPolicy, TokenStats, build_tiny_model  # noqa: E402
+
+VOCAB = ["a", "b", "c", "d"]
+ONE_TOKEN = {"speaker": {"max_new_tokens": 1}, "listener": {"max_new_tokens": 1}}
+AGENTS = ("speaker", "listener")
+
+
+def letter_policy(roles=AGENTS, bias: float = 8.0, seed: int = 0) -> TeamPolicy:
+    """Tiny random Llama whose lm_head adds ``bias`` to the logits of the vocabulary letters."""
+    model, tok = build_tiny_model(seed=seed)
+    head = model.lm_head
+    new = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        new.weight.copy_(head.weight)
+        new.bias.zero_()
+        for w in VOCAB:
+            new.bias[tok.convert_tokens_to_ids(w)] = bias
+    model.lm_head = new
+    return TeamPolicy(list(roles), base=(model, tok), seed=seed)
+
+
+def echo_kwargs(**kw):
+    base = dict(
+        env_id="echo-duo-v0",
+        env_kwargs={"vocabulary": VOCAB},
+        model="tiny-random",
+        num_envs=4,
+        steps=2,
+        progress=False,
+        tensorboard=False,
+        plot=False,
+        sampling_overrides=ONE_TOKEN,
+        lr=0.01,
+        critic_lr=0.01,
+        recovery=False,
+    )
+    base.update(kw)
+    return base
+
+
+def tiny_config(**kw) -> MARFTActionConfig:
+    return MARFTActionConfig(**echo_kwargs(**kw))
+
+
+def snapshot(params) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in params]
+
+
+def changed(before, params) -> bool:
+    return any(not torch.equal(b, p) for b, p in zip(before, params, strict=True))
+
+
+@pytest.fixture(scope="module")
+def trainer() -> MARFTActionTrainer:
+    return MARFTActionTrainer(tiny_config(normalize_advantages="none"), policy=letter_policy())
+
+
+def chain_batch(episodes: list[list[tuple[int, str, float, float]]]) -> RolloutBatch:
+    """episodes[e] = [(turn, agent, reward, value), ...] in execution order."""
+    out = []
+    for e, links in enumerate(episodes):
+        ep = Episode(episode_id=10 + e, group_id=e, seed=e)
+        for k, (turn, agent, r, v) in enumerate(links):
+            ep.transitions.append(
+                Transition(10 + e, e, k, turn, agent, [1, 2], [3], [-1.0], reward=r, value=v, done=k == len(links) - 1)
+            )
+        out.append(ep)
+    return RolloutBatch(episodes=out)
+
+
+# --------------------------------------------------------------------------------------
+# registry and config
+# --------------------------------------------------------------------------------------
+
+
+def test_registered_by_name_for_cli_and_python():
+    from marft_algos.trainer import get_algorithm
+
+    spec = get_algorithm("marft-action")
+    assert spec.trainer_cls is MARFTActionTrainer and spec.config_cls is MARFTActionConfig
+    assert {s.name for s in __import__("marft_algos.trainer").trainer.list_algorithms()} >= {"grpo", "ippo", "marft-action", "marft-token"}
+
+
+def test_config_rejects_bad_combinations_with_a_reason():
+    with pytest.raises(ConfigError, match="logprob_norm"):
+        tiny_config(logprob_norm="chars")
+    with pytest.raises(ConfigError, match="gamma_agent"):
+        tiny_config(gamma_agent=1.5)
+    with pytest.raises(ConfigError, match="eps_high"):
+        tiny_config(eps_low=0.3, eps_high=0.2)
+    with pytest.raises(ConfigError, match="kl_threshold"):
+        tiny_config(kl_threshold=0.0)
+    with pytest.raises(ConfigError, match="reference policy"):
+        tiny_config(beta=0.1, mode="full")
+    with pytest.raises(ConfigError, match="value_loss"):
+        tiny_config(value_loss="l1")
+    tiny_config(eps_low=0.2, eps_high=0.28, kl_threshold=1e-3, agent_by_agent=True, agent_interval=2)
+
+
+# --------------------------------------------------------------------------------------
+# advantages through the trainer
+# --------------------------------------------------------------------------------------
+
+
+def test_chain_gae_through_trainer_matches_reference_recursion(trainer):
+    # episode 0: 2 agents x 2 turns, team reward on the listener of turn 1, terminated.
+    # episode 1: terminated after one turn (inside the batch): must not leak into episode 0.
+    ep0 = [(0, "speaker", 0.0, 0.2), (0, "listener", 0.0, 0.5), (1, "speaker", 0.0, 0.4), (1, "listener", 1.0, 0.7)]
+    ep1 = [(0, "speaker", 0.0, 0.3), (0, "listener", 1.0, 0.6)]
+    batch = chain_batch([ep0, ep1])
+    trainer.compute_advantages(batch)
+    g, lam = 0.99, 0.95
+    # the reference's loop (NOTES.md s.1), written out for episode 0:
+    r = np.array([[0.0, 0.0], [0.0, 1.0]])
+    V = np.array([[0.2, 0.5], [0.4, 0.7], [0.0, 0.0]])
+    m = [1.0, 1.0, 0.0]
+    A = np.zeros((2, 2))
+    gae = 0.0
+    for t in (1, 0):
+        for i in (1, 0):
+            if i == 1:
+                delta = r[t, i] + g * V[t + 1, 0] * m[t + 1] - V[t, i]
+                gae = delta + g * lam * m[t + 1] * gae
+            else:
+                delta = r[t, i] + g * V[t, i + 1] - V[t, i]
+                gae = delta + g * lam * gae
+            A[t, i] = gae
+    got = [tr.advantage for tr in batch.episodes[0].transitions]
+    np.testing.assert_allclose(got, A.reshape(-1), atol=1e-12)
+    np.testing.assert_allclose([tr.returns for tr in batch.episodes[0].transitions], A.reshape(-1) + V[:2].reshape(-1), atol=1e-12)
+    # episode 1 by hand: A1 = 1 - 0.6 = 0.4; A0 = 0.99*0.6 - 0.3 + 0.9405*0.4 = 0.6702
+    np.testing.assert_allclose([tr.advantage for tr in batch.episodes[1].transitions], [0.99 * 0.6 - 0.3 + g * lam * 0.4, 0.4])
+
+
+def test_separate_turn_discount_in_the_trainer(trainer):
+    c = trainer.config
+    old = (c.gamma_agent, c.lam_agent, c.gamma_turn, c.lam_turn)
+    c.gamma_agent, c.lam_agent, c.gamma_turn, c.lam_turn = 1.0, 1.0, 0.5, 1.0
+    try:
+        batch = chain_batch([[(0, "speaker", 0.0, 0.0), (0, "listener", 1.0, 0.0), (1, "speaker", 0.0, 0.0), (1, "listener", 4.0, 0.0)]])
+        trainer.compute_advantages(batch)
+    finally:
+        c.gamma_agent, c.lam_agent, c.gamma_turn, c.lam_turn = old
+    # reward-to-go with a 0.5 discount only across the turn boundary: [3, 3, 4, 4]
+    np.testing.assert_allclose([t.advantage for t in batch.transitions], [3.0, 3.0, 4.0, 4.0])
+
+
+# --------------------------------------------------------------------------------------
+# whole-action ratio: log-prob normalisation modes
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "norm, expected",
+    [
+        # action 0: 3 tokens, log-ratio sum 1.0, 2 words; action 1: 1 token, log-ratio 0.5, 1 word
+        ("sum", [math.exp(1.0), math.exp(0.5)]),
+        ("token", [math.exp(1.0 / 3), math.exp(0.5)]),
+        ("word", [math.exp(1.0 / 2), math.exp(0.5)]),
+    ],
+)
+def test_whole_action_ratio_normalisation(trainer, norm, expected):
+    mb = [
+        Transition(0, 0, 0, 0, "speaker", [1], [5, 6, 7], [0.0] * 3, text="two words", advantage=1.0),
+        Transition(0, 0, 1, 0, "speaker", [1], [8], [0.0], text="one", advantage=1.0),
+    ]
+    mb[0].extras["old_logp"] = [-1.5, -2.0, -3.5]
+    mb[1].extras["old_logp"] = [-1.0]
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, 0.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    stats = TokenStats(logp, torch.zeros_like(logp), mask)
+    trainer.config.logprob_norm, trainer.config.eps_high = norm, 10.0  # no clipping: read the raw ratio
+    try:
+        _, m = trainer.policy_loss("speaker", mb, stats)
+    finally:
+        trainer.config.logprob_norm, trainer.config.eps_high = "token", 0.2
+    assert m["agent/speaker/ratio_max"] == pytest.approx(max(expected), rel=1e-6)
+    assert m["agent/speaker/ratio_mean"] == pytest.approx(np.mean(expected), rel=1e-6)
+
+
+# --------------------------------------------------------------------------------------
+# critic, warm-up, KL hard cut
+# --------------------------------------------------------------------------------------
+
+
+def test_critic_warmup_trains_only_the_critic():
+    t = MARFTActionTrainer(tiny_config(critic_warmup_steps=1), policy=letter_policy())
+    pol = snapshot(p for a in t.agents for p in t.policy.trainable_parameters(a))
+    crit = snapshot(t.critic.parameters())
+    m = t.train_step()
+    assert not changed(pol, [p for a in t.agents for p in t.policy.trainable_parameters(a)])
+    assert changed(crit, t.critic.parameters())
+    assert m["agent/speaker/policy_updated"] == 0.0 and "agent/speaker/value_loss" in m
+    m = t.train_step()  # warm-up over: the policy trains
+    assert m["agent/speaker/policy_updated"] == 1.0
+    assert changed(pol, [p for a in t.agents for p in t.policy.trainable_parameters(a)])
+
+
+def test_shared_critic_by_default_per_agent_option():
+    t = MARFTActionTrainer(tiny_config(), policy=letter_policy())
+    heads = {a: {id(p) for p in t.critic.vm.trainable_parameters(a)} for a in t.agents}
+    assert heads["speaker"] == heads["listener"]
+    t2 = MARFTActionTrainer(tiny_config(critic_per_agent=True), policy=letter_policy())
+    heads = {a: {id(p) for p in t2.critic.vm.trainable_parameters(a)} for a in t2.agents}
+    assert not (heads["speaker"] & heads["listener"])
+
+
+def test_kl_hard_cut_skips_the_policy_step_not_the_critic_and_logs_per_agent():
+    # two epochs: the second sees KL(old || new) > 0 after the first step, above a tiny threshold
+    t = MARFTActionTrainer(tiny_config(ppo_epochs=2, kl_threshold=1e-9, lr=0.05, logprob_norm="sum"), policy=letter_policy())
+    m = t.train_step()
+    for a in t.agents:
+        assert t.optimizer_steps[a] == 1  # epoch 1 stepped, epoch 2 was cut
+        assert t.counters[f"agent/{a}/kl_cuts"] == 1
+        assert m[f"agent/{a}/kl_cuts"] == 1
+    assert t.optimizer_steps["critic"] == 4  # 2 epochs x 2 agents: the critic never stops
+    assert m["train/kl_cuts"] == 2
+
+
+def test_checkpoint_round_trip_restores_the_critic(tmp_path):
+    t = MARFTActionTrainer(tiny_config(out_dir=str(tmp_path / "run")), policy=letter_policy())
+    t.train_step()
+    path = t.save_checkpoint()
+    saved = snapshot(t.critic.parameters())
+    t.train_step()
+    assert changed(saved, t.critic.parameters())
+    t.load_checkpoint(path)
+    assert not changed(saved, t.critic.parameters())
+    assert t.global_step == 1
+
+
+# --------------------------------------------------------------------------------------
+# learning
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_marft_action_learns_echo():
+    """Team reward rises from chance (1/|V| = 0.25) to well above it."""
+    torch.set_num_threads(2)
+    cfg = tiny_config(num_envs=16, steps=14, seed=0, max_minutes=2.0)
+    t = MARFTActionTrainer(cfg, policy=letter_policy())
+    hist = t.train()
+    rewards = [h["team/reward"] for h in hist]
+    early, late = np.mean(rewards[:2]), np.mean(rewards[-4:])
+    assert early < 0.45, rewards  # the untrained team is near chance
+    assert late >= 0.7 and late >= early + 0.35, rewards
