@@ -10,4 +10,5 @@ export MARFT_DATA_DIR="${MARFT_DATA_DIR:-$ROOT/../shared/data}"
 ruff check marft_envs marft_algos tests benchmarks
 MARK="not slow"
 if [ "${MARFT_SLOW:-0}" = "1" ]; then MARK=""; fi
+SITE="$(mktemp -d)" && python -m mkdocs build --strict -d "$SITE" && rm -rf "$SITE"  # docs; no -q: it disables --strict
 exec python -m pytest -m "$MARK" "$@"
