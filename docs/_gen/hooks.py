@@ -46,6 +46,9 @@ TEXT_ENV_ENTRIES = (
     "marft_envs.code_envs:make_code_env",
 )
 
+# Families whose task module is chosen by another kwarg (``dataset=``): its docs too.
+EXTRA_TASK_DOCS = {"code": ("marft_envs.tasks.code",)}
+
 PLACEHOLDERS = {
     "algorithms.md": (
         "# Algorithms\n\n!!! note\n    This page is written by the algorithms' developers and is not "
@@ -82,6 +85,8 @@ def _role(m: re.Match[str]) -> str:
 def _inline(text: str) -> str:
     """Roles and ``literals`` to Markdown code; ``<`` outside code escaped."""
     text = _ROLE_RE.sub(_role, text)
+    # a literal ```lang in prose: shielded from the code-span split, shown as code
+    text = re.sub(r"```(\w*)", lambda m: f"\x00{m.group(1)}\x00", text)
     out = []
     for part in _CODE_SPLIT_RE.split(text):
         if part.startswith("``") and part.endswith("``") and len(part) > 4:
@@ -93,7 +98,7 @@ def _inline(text: str) -> str:
             out.append(part)
         else:
             out.append(part.replace("<", "&lt;"))
-    return "".join(out)
+    return re.sub(r"\x00(\w*)\x00", lambda m: f"`` ```{m.group(1)} ``", "".join(out))
 
 
 def _simple_table(lines: list[str]) -> list[str]:
@@ -462,6 +467,8 @@ def catalog_pages() -> dict[str, str]:
         ]
         if family_page:
             lines += [rst_to_md(family_page), f"## Task: `{doc_mod}`", ""]
+        for extra in EXTRA_TASK_DOCS.get(fam, ()) if not third_party else ():
+            body += f"\n\n## Task: `{extra}`\n\n" + module_docstring(extra)
         if third_party:
             pkg = _make_id(fam_specs[0]).split(":")[0]
             lines += [
@@ -501,7 +508,8 @@ def catalog_pages() -> dict[str, str]:
         "# Environment catalog",
         "",
         f"*Generated at build time from the registry ({len(specs)} ids) and the environments' "
-        "docstrings. `marft list-envs` prints the same ids.*",
+        "docstrings. `marft list-envs` prints the ids marft registers itself; third-party ids "
+        "are registered when their package is imported.*",
         "",
         "| id | agents | topology | description |",
         "|---|---|---|---|",
