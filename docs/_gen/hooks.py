@@ -176,7 +176,7 @@ def rst_to_md(doc: str) -> str:
                 j += 1
             while block and not block[-1].strip():
                 block.pop()
-            out += ["", "```python", textwrap.dedent("\n".join(block)).strip("\n"), "```", ""]
+            out += ["", "```", textwrap.dedent("\n".join(block)).strip("\n"), "```", ""]
             i = j
             continue
         if line.lstrip().startswith(">>>"):  # doctest block
