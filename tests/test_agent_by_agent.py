@@ -1,0 +1,47 @@
+"""Agent-by-agent (sequential) updates: only the scheduled agent's adapter moves; the critic always trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("marft_algos.models")
+from test_marft_action import echo_kwargs, letter_policy  # noqa: E402
+
+from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
+from marft_algos.algos.marft_token import MARFTTokenConfig, MARFTTokenTrainer  # noqa: E402
+
+
+def weights(t, agent):
+    return [p.detach().clone() for p in t.policy.trainable_parameters(agent)]
+
+
+def moved(before, t, agent) -> bool:
+    return any(not torch.equal(b, p) for b, p in zip(before, t.policy.trainable_parameters(agent), strict=True))
+
+
+def test_schedule_cycles_with_interval_and_warmup():
+    t = MARFTActionTrainer(MARFTActionConfig(**echo_kwargs(agent_by_agent=True, agent_interval=2, critic_warmup_steps=1)), policy=letter_policy())
+    sched = [t.scheduled_agents(k) for k in range(7)]
+    # step 0 is critic warm-up; then (k - 1) // 2 % 2: speaker, speaker, listener, listener, speaker, speaker
+    assert sched == [[], ["speaker"], ["speaker"], ["listener"], ["listener"], ["speaker"], ["speaker"]]
+    t.config.agent_by_agent = False
+    assert t.scheduled_agents(3) == ["speaker", "listener"]
+
+
+@pytest.mark.parametrize("algo", ["action", "token"])
+def test_only_the_scheduled_adapter_moves(algo):
+    cls, cfg_cls = (MARFTActionTrainer, MARFTActionConfig) if algo == "action" else (MARFTTokenTrainer, MARFTTokenConfig)
+    t = cls(cfg_cls(**echo_kwargs(agent_by_agent=True, agent_interval=1, lr=0.05)), policy=letter_policy())
+    assert t.policy.mode == "lora"  # one adapter per agent on one base
+    for step, agent in enumerate(["speaker", "listener", "speaker"]):
+        other = "listener" if agent == "speaker" else "speaker"
+        w_agent, w_other = weights(t, agent), weights(t, other)
+        critic = [p.detach().clone() for p in t.critic.parameters()]
+        m = t.train_step()
+        assert moved(w_agent, t, agent), f"step {step}: scheduled {agent} did not move"
+        assert not moved(w_other, t, other), f"step {step}: {other} moved although not scheduled"
+        assert any(not torch.equal(b, p) for b, p in zip(critic, t.critic.parameters(), strict=True)), "critic must always train"
+        assert m[f"agent/{agent}/policy_updated"] == 1.0 and m[f"agent/{other}/policy_updated"] == 0.0
+        # the critic trained on BOTH agents' data
+        assert f"agent/{other}/value_loss" in m

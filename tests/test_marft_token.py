@@ -1,0 +1,127 @@
+"""Token-level MARFT: the token backup through the trainer, per-token ratios, critic targets, learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from marft_algos.config import ConfigError
+from marft_algos.rollout import Episode, RolloutBatch, Transition
+
+pytest.importorskip("marft_algos.models")
+from test_marft_action import echo_kwargs, letter_policy  # noqa: E402
+
+from marft_algos.algos.marft_token import MARFTTokenConfig, MARFTTokenTrainer  # noqa: E402
+from marft_algos.models import TokenStats  # noqa: E402
+
+
+def tiny_config(**kw) -> MARFTTokenConfig:
+    return MARFTTokenConfig(**echo_kwargs(**kw))
+
+
+@pytest.fixture(scope="module")
+def trainer() -> MARFTTokenTrainer:
+    return MARFTTokenTrainer(tiny_config(normalize_advantages="none", gamma_agent=0.9, lam_agent=0.5), policy=letter_policy())
+
+
+def token_batch(actions: list[tuple[int, str, float, list[float]]], episode_id: int = 0) -> RolloutBatch:
+    """One episode; actions = [(turn, agent, reward, token values)]; responses have len(values) tokens."""
+    ep = Episode(episode_id=episode_id, group_id=0, seed=0)
+    for k, (turn, agent, r, vals) in enumerate(actions):
+        tr = Transition(episode_id, 0, k, turn, agent, [1, 2], list(range(3, 3 + len(vals))), [-1.0] * len(vals), reward=r)
+        tr.extras["token_values"] = list(vals)
+        ep.transitions.append(tr)
+    return RolloutBatch(episodes=[ep])
+
+
+def test_registered_and_config_checks():
+    from marft_algos.trainer import get_algorithm
+
+    assert get_algorithm("marft-token").trainer_cls is MARFTTokenTrainer
+    with pytest.raises(ConfigError, match="gamma_token"):
+        tiny_config(gamma_token=2.0)
+    with pytest.raises(ConfigError, match="loss_agg"):
+        tiny_config(loss_agg="episode")
+    cfg = tiny_config()
+    assert cfg.gamma_token == 1.0 and cfg.lam_token == 1.0  # credit does not decay per token
+
+
+def test_token_backup_through_trainer_two_agents_three_tokens_by_hand(trainer):
+    # one turn; speaker token values [.1 .2 .3], listener [.4 .5 .6]; team reward 1 on the listener.
+    # gamma_token = lam_token = 1, gamma_agent = 0.9, lam_agent = 0.5, terminal at the end:
+    # listener: A = 1 - V_j = [.6 .5 .4];  speaker: last token .06 + .45*.6 = .33, then .43, .53
+    batch = token_batch([(0, "speaker", 0.0, [0.1, 0.2, 0.3]), (0, "listener", 1.0, [0.4, 0.5, 0.6])])
+    trainer.compute_advantages(batch)
+    sp, li = batch.transitions
+    np.testing.assert_allclose(sp.extras["token_adv"], [0.53, 0.43, 0.33], atol=1e-12)
+    np.testing.assert_allclose(li.extras["token_adv"], [0.6, 0.5, 0.4], atol=1e-12)
+    np.testing.assert_allclose(li.extras["token_ret"], [1.0, 1.0, 1.0], atol=1e-12)
+    # speaker returns = A + V: [.63 .63 .63] (= 0.9 * V_listener_0 + 0.45 * A_listener_0 ...)
+    np.testing.assert_allclose(sp.extras["token_ret"], [0.63, 0.63, 0.63], atol=1e-12)
+
+
+def test_reference_per_token_discount_is_reproducible(trainer):
+    # with gamma_token = 0.99 the early tokens' credit decays (the reference's behaviour)
+    c = trainer.config
+    c.gamma_token, c.lam_token = 0.99, 0.95
+    try:
+        batch = token_batch([(0, "listener", 1.0, [0.0] * 5)])
+        trainer.compute_advantages(batch)
+    finally:
+        c.gamma_token, c.lam_token = 1.0, 1.0
+    adv = batch.transitions[0].extras["token_adv"]
+    # values 0: A_j = (0.99*0.95)^(4-j) * 1
+    np.testing.assert_allclose(adv, [(0.99 * 0.95) ** (4 - j) for j in range(5)], atol=1e-12)
+
+
+def test_empty_action_keeps_the_chain_connected(trainer):
+    # the speaker produced nothing (not trainable): one virtual link valued V(o); the listener's
+    # reward still reaches it and nothing crashes
+    batch = token_batch([(0, "speaker", 0.0, []), (0, "listener", 1.0, [0.5])])
+    sp = batch.transitions[0]
+    sp.trainable = False
+    del sp.extras["token_values"]
+    del batch.transitions[1].extras["token_values"]
+    sp.response_ids = []
+    trainer.compute_advantages(batch)
+    assert len(sp.extras["token_adv"]) == 1 and sp.extras["token_values"] == [0.0]
+    assert np.isfinite(sp.extras["token_adv"][0])
+
+
+def test_per_token_ratio_and_advantages_in_the_loss(trainer):
+    # two tokens with different advantages (+1, -1): with ratio r per token, the unclipped
+    # surrogate is mean(-A r) = -(r0 - r1)/2
+    mb = [Transition(0, 0, 0, 0, "speaker", [1], [5, 6], [0.0, 0.0])]
+    mb[0].extras["token_adv"] = [1.0, -1.0]
+    mb[0].extras["old_logp"] = [0.0, 0.0]
+    logp = torch.tensor([[np.log(1.1), np.log(0.95)]], dtype=torch.float32, requires_grad=True)
+    stats = TokenStats(logp, torch.zeros_like(logp), torch.ones_like(logp))
+    loss, m = trainer.policy_loss("speaker", mb, stats)
+    assert float(loss.detach()) == pytest.approx(-(1.1 - 0.95) / 2, rel=1e-5)
+    assert m["agent/speaker/ratio_mean"] == pytest.approx((1.1 + 0.95) / 2, rel=1e-5)
+    loss.backward()
+    # d/dlogp_j of -A_j r_j / 2 = -A_j r_j / 2
+    np.testing.assert_allclose(logp.grad[0].numpy(), [-1.1 / 2, 0.95 / 2], rtol=1e-5)
+
+
+def test_critic_trains_on_token_returns():
+    t = MARFTTokenTrainer(tiny_config(), policy=letter_policy())
+    before = [p.detach().clone() for p in t.critic.parameters()]
+    m = t.train_step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, t.critic.parameters(), strict=True))
+    for a in t.agents:
+        assert np.isfinite(m[f"agent/{a}/value_loss"])
+
+
+@pytest.mark.timeout(300)
+def test_marft_token_learns_echo():
+    """Team reward rises from chance (1/|V| = 0.25) to well above it."""
+    torch.set_num_threads(2)
+    cfg = tiny_config(num_envs=16, steps=14, seed=0, max_minutes=2.0)
+    t = MARFTTokenTrainer(cfg, policy=letter_policy())
+    hist = t.train()
+    rewards = [h["team/reward"] for h in hist]
+    early, late = np.mean(rewards[:2]), np.mean(rewards[-4:])
+    assert early < 0.45, rewards
+    assert late >= 0.7 and late >= early + 0.35, rewards

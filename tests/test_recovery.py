@@ -1,0 +1,162 @@
+"""Collapse recovery: detectors on their own, then injected faults on a real (tiny) run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from marft_algos.recovery import CollapseDetector, CollapseError, RecoverySettings
+
+AGENTS = ["speaker", "listener"]
+
+
+def healthy(step: int, reward: float = 0.5, entropy: float = 1.0) -> dict[str, float]:
+    return {"team/reward": reward, "train/nonfinite_skips": 0.0, **{f"agent/{a}/entropy": entropy for a in AGENTS}, **{f"agent/{a}/kl": 0.01 for a in AGENTS}}
+
+
+# --------------------------------------------------------------------------------------
+# detectors
+# --------------------------------------------------------------------------------------
+
+
+def test_detector_nonfinite_entropy_kl_and_reward():
+    d = CollapseDetector(RecoverySettings(warmup=2), AGENTS)
+    for k in range(3):
+        assert d.check(healthy(k)) == []
+    assert d.check({**healthy(3), "train/nonfinite_skips": 1.0}) == ["nonfinite"]
+    assert d.check({**healthy(4), "agent/speaker/entropy": 5.0}) == ["entropy_surge/speaker"]  # 5 > 3 x 1 and +4 nats
+    assert d.check({**healthy(5), "agent/listener/kl": 3.0}) == ["kl_spike/listener"]
+    assert d.check({**healthy(6), "agent/listener/entropy": float("nan")}) == ["nonfinite"]
+    assert d.check(healthy(7), params=[torch.tensor([1.0, math.inf])]) == ["nonfinite"]
+    # reward: EMA(0.5) best 0.5; a drop to 0.0 gives EMA 0.25 -> not < 0.25; a second one does
+    assert d.check(healthy(8, reward=0.0)) == []
+    assert d.check(healthy(9, reward=0.0)) == ["reward_collapse"]
+
+
+def test_detector_baselines_learn_only_from_healthy_steps_and_warmup():
+    d = CollapseDetector(RecoverySettings(warmup=2, entropy_factor=3.0, entropy_min_delta=1.0), AGENTS)
+    assert d.check({**healthy(0), "agent/speaker/entropy": 9.0}) == []  # not armed yet
+    assert d.check(healthy(1)) == []
+    base = d.entropy_baseline["speaker"]
+    assert d.check({**healthy(2), "agent/speaker/entropy": 50.0}) == ["entropy_surge/speaker"]
+    assert d.entropy_baseline["speaker"] == base  # the surge did not move the baseline
+    # a small relative surge on a tiny baseline is not a collapse (min delta)
+    d2 = CollapseDetector(RecoverySettings(warmup=0), AGENTS)
+    d2.check(healthy(0, entropy=0.01))
+    assert d2.check(healthy(1, entropy=0.05)) == []
+
+
+def test_settings_validation():
+    with pytest.raises(ValueError):
+        RecoverySettings(lr_factor=0.0)
+    with pytest.raises(ValueError):
+        RecoverySettings(reward_drop=1.5)
+
+
+# --------------------------------------------------------------------------------------
+# injected faults on a real run
+# --------------------------------------------------------------------------------------
+
+pytest.importorskip("marft_algos.models")
+from test_marft_action import echo_kwargs, letter_policy  # noqa: E402
+
+from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
+
+
+def recovering_trainer(tmp_path, **kw) -> MARFTActionTrainer:
+    # reward collapse is tested on its own above; a 4-episode toy batch is too noisy for it here
+    cfg = MARFTActionConfig(**echo_kwargs(recovery=True, recovery_warmup=1, recovery_reward_drop=None, out_dir=str(tmp_path / "run"), **{"steps": 5, **kw}))
+    return MARFTActionTrainer(cfg, policy=letter_policy())
+
+
+def policy_weights(t) -> list[torch.Tensor]:
+    return [p.detach().clone() for a in t.agents for p in t.policy.trainable_parameters(a)]
+
+
+def test_injected_nan_triggers_exactly_one_rollback_and_training_continues(tmp_path, monkeypatch):
+    t = recovering_trainer(tmp_path)
+    real = MARFTActionTrainer.policy_loss
+    snaps: dict[int, list[torch.Tensor]] = {}
+    real_step = MARFTActionTrainer.train_step
+
+    def nan_at_step_3(self, agent, mb, stats):
+        loss, m = real(self, agent, mb, stats)
+        if self.global_step == 2:  # the 3rd step
+            loss = loss * float("nan")
+        return loss, m
+
+    def step_and_snapshot(self):
+        m = real_step(self)
+        snaps[self.global_step] = policy_weights(self)
+        return m
+
+    monkeypatch.setattr(MARFTActionTrainer, "policy_loss", nan_at_step_3)
+    monkeypatch.setattr(MARFTActionTrainer, "train_step", step_and_snapshot)
+    lr0 = t.optimizers["speaker"].param_groups[0]["lr"]
+    hist = t.train()
+    assert t.global_step == 5 and len(hist) == 5  # training went on to the end
+    assert t.counters["recovery/rollbacks"] == 1
+    assert t.counters["recovery/reason/nonfinite"] == 1
+    assert len(t.recovery.rollbacks) == 1
+    event = t.recovery.rollbacks[0]
+    assert event["step"] == 3 and event["reasons"] == ["nonfinite"]
+    # the good checkpoint was the one saved after step 1 (validated by the healthy step 2);
+    # the one after step 2 was never validated (step 3 collapsed)
+    assert event["restored"] == "step-00000001"
+    assert hist[2]["recovery/rollback"] == 1.0
+    # lr halved for every optimizer, policy and critic
+    assert t.optimizers["speaker"].param_groups[0]["lr"] == pytest.approx(0.5 * lr0)
+    assert t.optimizers["critic"].param_groups[0]["lr"] == pytest.approx(0.5 * t.config.critic_lr)
+    assert t.lr_scale == 0.5
+    # the rollback is on disk too
+    lines = (tmp_path / "run" / "recovery.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["reasons"] == ["nonfinite"]
+    assert all(torch.isfinite(p).all() for p in policy_weights(t))
+
+
+def test_injected_entropy_spike_rolls_back_to_the_good_weights(tmp_path, monkeypatch):
+    t = recovering_trainer(tmp_path, steps=4)
+    real_update = MARFTActionTrainer.update
+    after_step: dict[int, list[torch.Tensor]] = {}
+    real_step = MARFTActionTrainer.train_step
+
+    def spiky_update(self, batch):
+        m = real_update(self, batch)
+        if self.global_step == 2:
+            for a in self.agents:
+                m[f"agent/{a}/entropy"] = 50.0
+        return m
+
+    def step_and_snapshot(self):
+        m = real_step(self)
+        if not m.get("recovery/rollback"):
+            after_step[self.global_step] = policy_weights(self)
+        else:  # right after the rollback: the weights are those saved after step 1
+            assert all(torch.equal(a, b) for a, b in zip(after_step[1], policy_weights(self), strict=True))
+            after_step["rolled_back"] = True
+        return m
+
+    monkeypatch.setattr(MARFTActionTrainer, "update", spiky_update)
+    monkeypatch.setattr(MARFTActionTrainer, "train_step", step_and_snapshot)
+    t.train()
+    assert after_step.get("rolled_back") is True
+    assert t.counters["recovery/rollbacks"] == 1
+    assert t.counters["recovery/reason/entropy_surge/speaker"] == 1
+    assert t.global_step == 4
+
+
+def test_too_many_rollbacks_stop_with_an_error(tmp_path, monkeypatch):
+    t = recovering_trainer(tmp_path, recovery_max_rollbacks=1, steps=6)
+    real = MARFTActionTrainer.policy_loss
+
+    def always_nan_after_1(self, agent, mb, stats):
+        loss, m = real(self, agent, mb, stats)
+        return (loss * float("nan") if self.global_step >= 1 else loss), m
+
+    monkeypatch.setattr(MARFTActionTrainer, "policy_loss", always_nan_after_1)
+    with pytest.raises(CollapseError, match="after 1 rollbacks"):
+        t.train()
+    assert t.counters["recovery/rollbacks"] == 1
