@@ -142,3 +142,36 @@ def test_pycon_examples_run(page, monkeypatch):
         runner.run(test, out=out.append, clear_globs=False)
         globs = test.globs  # DocTest copies its globals: carry them to the next block
     assert runner.failures == 0, "".join(out)[-5000:]
+
+
+def _hooks():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("marft_docs_hooks", DOCS / "_gen" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docstring_conversion():
+    pytest.importorskip("mkdocs", reason="mkdocs is in the dev extra")
+    rst_to_md = _hooks().rst_to_md
+    doc = """Summary with :class:`~marft_envs.topology.Chain` and ``x < y``.
+
+    ====  ==========
+    id    team
+    ====  ==========
+    a-v0  one <agent>
+    ====  ==========
+
+    Usage::
+
+        make("a-v0")
+
+    Plain text with <tags> and a fenced ```python block.
+    """
+    md = rst_to_md(doc)
+    assert "`Chain`" in md and "`x < y`" in md
+    assert "| id | team |" in md and "| a-v0 | one &lt;agent&gt; |".replace("&gt;", ">") in md
+    assert 'Usage:\n\n```\nmake("a-v0")\n```' in md
+    assert "&lt;tags>" in md and "`` ```python ``" in md

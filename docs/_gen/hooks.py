@@ -52,8 +52,9 @@ EXTRA_TASK_DOCS = {"code": ("marft_envs.tasks.code",)}
 PLACEHOLDERS = {
     "algorithms.md": (
         "# Algorithms\n\n!!! note\n    This page is written by the algorithms' developers and is not "
-        "in this checkout yet.\n    Meanwhile: `marft list-algos` lists the algorithms and "
-        "[`marft train --algo <name> --help`](cli.md) lists every setting with its help text.\n"
+        "in this checkout yet.\n    Meanwhile: `marft list-algos` lists the algorithms and the "
+        "[CLI reference](cli.md#options-of-each-algorithm) lists every setting of each one with "
+        "its help text.\n"
     ),
     "results.md": (
         "# Results\n\n!!! note\n    Measured benchmark results will be published on this page; "
@@ -137,7 +138,12 @@ def _simple_table(lines: list[str]) -> list[str]:
 
 def rst_to_md(doc: str) -> str:
     """Convert the reST conventions used in marft docstrings to Markdown."""
-    lines = textwrap.dedent(doc or "").strip("\n").splitlines()
+    text = (doc or "").strip("\n")
+    first, _, rest = text.partition("\n")
+    if first.startswith((" ", "\t")):  # e.g. a body that opens with an indented block
+        lines = textwrap.dedent(text).splitlines()
+    else:  # a raw docstring: the first line is never indented, the others may all be
+        lines = [first, *textwrap.dedent(rest).splitlines()]
     out: list[str] = []
     i = 0
     while i < len(lines):
