@@ -69,7 +69,7 @@ class MARFTConfig(TrainConfig):
     kl_threshold: float | None = field(default=None, metadata={"help": "KL hard cut: skip an agent's policy step when approx KL(old || new) exceeds this (the reference hard-coded 1e-3); None disables it."})
     # --- critic --------------------------------------------------------------------
     critic_per_agent: bool = field(default=False, metadata={"help": "One value head per agent instead of one shared critic."})
-    critic_lora: bool = field(default=False, metadata={"help": "Give the critic its own LoRA adapter on the frozen base (if the value model supports it)."})
+    critic_lora: bool = field(default=False, metadata={"help": "Give the critic its own LoRA adapter on the base (trained with the head; disables the hidden-state cache)."})
     critic_lr: float = field(default=1e-4, metadata={"help": "Critic learning rate (paper: 1e-5 for a full MLP head on a 0.5B+ model)."})
     critic_warmup_steps: int = field(default=0, metadata={"help": "Training steps at the start where only the critic trains."})
     value_loss: str = field(default="huber", metadata={"help": "'huber' (symmetric) or 'mse'."})
