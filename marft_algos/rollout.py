@@ -53,6 +53,8 @@ class Transition:
         prompt_ids: token ids the action was sampled from (chat template applied).
         response_ids: the sampled token ids (incl. EOS when the model stopped on it).
         old_logprobs: per-token log-probs reported by the sampler.
+        temperature: the sampling temperature (training log-probs use the same
+            temperature-scaled distribution; greedy actions record 1.0).
         text: decoded response passed to ``env.step``.
         finish_reason: "eos", "stop" or "length" (from the policy), "overlong" when the
             prompt did not fit in ``max_context`` (then the action was "" and the
@@ -79,6 +81,7 @@ class Transition:
     prompt_ids: list[int]
     response_ids: list[int]
     old_logprobs: list[float]
+    temperature: float = 1.0
     text: str = ""
     finish_reason: str = "eos"
     reward: float = 0.0
@@ -191,6 +194,14 @@ def make_sampling(settings: dict[str, Any]) -> Any:
     return SamplingParams(**settings)
 
 
+def _temperature(sampling: Any) -> float:
+    """The temperature whose distribution the sampler's log-probs refer to (greedy: 1)."""
+    t = float(getattr(sampling, "temperature", 1.0))
+    if getattr(sampling, "greedy", False) or t == 0.0:
+        return 1.0
+    return t
+
+
 def _json_safe(obj: Any) -> Any:
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
@@ -220,6 +231,8 @@ class RolloutCollector:
             single new token is "overlong": counted, stepped with "" and not trained on;
             otherwise ``max_new_tokens`` is capped to fit (counted as "context_capped").
         agent_to_role: maps env agents to policy roles (default: identity).
+        share_prefill: merge identical pending requests (same role, prompt and sampling;
+            e.g. the first actions of a GRPO group) into one request with ``n`` samples.
     """
 
     def __init__(
@@ -235,6 +248,7 @@ class RolloutCollector:
         max_context: int | None = None,
         agent_to_role: Callable[[str], str] | None = None,
         max_steps_per_episode: int = 10_000,
+        share_prefill: bool = True,
     ) -> None:
         if num_envs % group_size:
             raise ValueError(f"num_envs ({num_envs}) must be a multiple of group_size ({group_size})")
@@ -249,6 +263,7 @@ class RolloutCollector:
         self.max_context = max_context
         self.agent_to_role = agent_to_role or (lambda a: a)
         self.max_steps_per_episode = max_steps_per_episode
+        self.share_prefill = share_prefill
         self.envs: list[Any] = [env_fn() for _ in range(num_envs)]
         self.rng = np.random.default_rng(seed)
         self.next_episode_id = 0
@@ -375,17 +390,39 @@ class RolloutCollector:
                 from marft_algos.models import GenRequest
 
                 requests.append(GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling))
-                owners.append((i, agent, prompt_ids))
+                owners.append((i, agent, prompt_ids, _temperature(sampling)))
             live = still_live
             if not requests:
                 continue
             t_gen = time.perf_counter()
-            results = self.policy.generate(requests)
+            results = self._generate(requests, counters)
             counters["perf/generate_s"] += time.perf_counter() - t_gen
-            for (i, agent, prompt_ids), result in zip(owners, results, strict=True):
-                self._step(self.envs[i], episodes[i], agent, prompt_ids, result, counters)
+            for (i, agent, prompt_ids, temp), result in zip(owners, results, strict=True):
+                self._step(self.envs[i], episodes[i], agent, prompt_ids, result, counters, temperature=temp)
                 steps[i] += 1
         return episodes
+
+    def _generate(self, requests: list[Any], counters: dict[str, float]) -> list[Any]:
+        """One ``policy.generate`` call; identical requests (a GRPO group's first actions)
+        are merged into one request with ``n`` samples so the policy prefills the prompt once."""
+        if not self.share_prefill:
+            return list(self.policy.generate(requests))
+        merged: dict[tuple, list[int]] = {}
+        for k, r in enumerate(requests):
+            merged.setdefault((r.role, tuple(r.prompt_ids), repr(r.sampling)), []).append(k)
+        if len(merged) == len(requests):
+            return list(self.policy.generate(requests))
+        firsts = [requests[idx[0]] for idx in merged.values()]
+        batched = [dataclasses.replace(r, n=len(idx)) for r, idx in zip(firsts, merged.values(), strict=True)]
+        flat = list(self.policy.generate(batched))  # n results per request, in request order
+        counters["rollout/shared_prefill_rows"] += len(requests) - len(batched)
+        out: list[Any] = [None] * len(requests)
+        pos = 0
+        for idx in merged.values():
+            for k in idx:
+                out[k] = flat[pos]
+                pos += 1
+        return out
 
     def _advance_to_live_agent(self, env: Any, ep: Episode, counters: dict[str, float]) -> str | None:
         """Step dead agents with None until a live agent is selected; None when the episode ended."""
@@ -399,7 +436,16 @@ class RolloutCollector:
             return agent
         return None
 
-    def _step(self, env: Any, ep: Episode, agent: str, prompt_ids: list[int], result: Any, counters: dict[str, float]) -> None:
+    def _step(
+        self,
+        env: Any,
+        ep: Episode,
+        agent: str,
+        prompt_ids: list[int],
+        result: Any,
+        counters: dict[str, float],
+        temperature: float = 1.0,
+    ) -> None:
         obs = env.observe(agent)
         turn = int(obs.get("turn", 0)) if isinstance(obs, dict) else 0
         if result is None:
@@ -425,6 +471,7 @@ class RolloutCollector:
             prompt_ids=prompt_ids,
             response_ids=response_ids,
             old_logprobs=logprobs,
+            temperature=temperature,
             text=text,
             finish_reason=finish,
             reward=reward,

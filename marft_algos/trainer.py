@@ -302,7 +302,7 @@ class Trainer(ABC):
         optimizers: dict[str, torch.optim.Optimizer] = {}
         by_params: dict[tuple[int, ...], torch.optim.Optimizer] = {}
         for agent in self.agents:
-            params = [p for p in self.policy.trainable_parameters(agent) if p.requires_grad]
+            params = list(self.policy.trainable_parameters(agent))
             if not params:
                 raise RuntimeError(f"agent {agent!r} has no trainable parameters")
             key = tuple(sorted(id(p) for p in params))
@@ -381,20 +381,31 @@ class Trainer(ABC):
                     part = trs[s : s + chunk]
                     prompts = [t.prompt_ids for t in part]
                     responses = [t.response_ids for t in part]
+                    temp = self.temperature_of(part)
                     if need_old:
                         self.policy.set_train_role(agent)
-                        stats = self.policy.sequence_logprobs(agent, prompts, responses)
+                        stats = self.policy.sequence_logprobs(agent, prompts, responses, temperature=temp)
                         for t, lp, m in zip(part, stats.logprobs, stats.mask, strict=True):
                             t.extras["old_logp"] = lp[m.bool()].float().cpu().tolist()
                     if need_ref:
-                        ref = self.policy.sequence_logprobs(agent, prompts, responses, reference=True)
+                        ref = self.policy.sequence_logprobs(agent, prompts, responses, temperature=temp, reference=True)
                         for t, lp, m in zip(part, ref.logprobs, ref.mask, strict=True):
                             t.extras["ref_logp"] = lp[m.bool()].float().cpu().tolist()
+
+    @staticmethod
+    def temperature_of(transitions: Sequence[Transition]) -> float:
+        """The sampling temperature of a minibatch (one agent's actions share their settings)."""
+        temps = {t.temperature for t in transitions}
+        if len(temps) > 1:
+            raise ValueError(f"a minibatch mixes sampling temperatures {sorted(temps)}")
+        return temps.pop() if temps else 1.0
 
     def train_minibatch(self, agent: str, mb: list[Transition], *, epoch: int = 0) -> dict[str, float]:
         """Loss on one minibatch of ``agent``'s transitions and one guarded optimizer step."""
         self.policy.set_train_role(agent)
-        stats = self.policy.sequence_logprobs(agent, [t.prompt_ids for t in mb], [t.response_ids for t in mb])
+        stats = self.policy.sequence_logprobs(
+            agent, [t.prompt_ids for t in mb], [t.response_ids for t in mb], temperature=self.temperature_of(mb)
+        )
         loss, metrics = self.policy_loss(agent, mb, stats)
         extra, extra_metrics = self.extra_losses(agent, mb, stats)
         metrics.update(extra_metrics)
