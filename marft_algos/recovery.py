@@ -38,6 +38,7 @@ import math
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -191,6 +192,8 @@ class CollapseRecovery:
                 root = Path(out_dir) / "recovery"
             else:
                 self._tmp = tempfile.mkdtemp(prefix="marft-recovery-")
+                # removed by close(), or when this object is collected (train_step-only use)
+                weakref.finalize(self, shutil.rmtree, self._tmp, True)
                 root = self._tmp
         self.root = Path(root)
         # (checkpoint dir, {detector state, lr scale}) of the last good / the unvalidated one

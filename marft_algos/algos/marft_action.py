@@ -207,12 +207,15 @@ class MARFTTrainerBase(Trainer):
         if self.scheduled_agents():
             super().prepare_update(batch, chunk)
 
+    #: the metric the KL hard cut compares with ``kl_threshold`` (``agent/<a>/<name>``)
+    cut_kl_name: str = "kl"
+
     def before_optimizer_step(self, agent: str, metrics: dict[str, float]) -> bool:
         """KL hard cut: skip this agent's policy step when approx KL(old || new) > kl_threshold."""
         th = self.config.kl_threshold
         if self._step_keys is not None or th is None:  # never cut the critic
             return True
-        kl = metrics.get(f"agent/{agent}/kl")
+        kl = metrics.get(f"agent/{agent}/{self.cut_kl_name}")
         if kl is not None and kl > th:
             self.counters["train/kl_cuts"] += 1
             self.counters[f"agent/{agent}/kl_cuts"] += 1
@@ -318,6 +321,7 @@ class MARFTActionTrainer(MARFTTrainerBase):
 
     config_cls = MARFTActionConfig
     config: MARFTActionConfig
+    cut_kl_name = "action_kl"
 
     # ---- values and advantages -----------------------------------------------------------
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
@@ -408,8 +412,10 @@ class MARFTActionTrainer(MARFTTrainerBase):
         loss, info = losses.ppo_policy_loss(logp, old, adv, None, eps_low=c.eps_low, eps_high=c.eps_high)
         m = {f"agent/{agent}/{k}": float(v) for k, v in info.items()}
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
-        m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old))  # on the ratio's own quantity
-        m[f"agent/{agent}/token_kl"] = float(losses.approx_kl(stats.logprobs.detach(), old_tok, mask))
+        # per token (comparable across algorithms; watched by collapse recovery) and on the
+        # ratio's own quantity, the normalised whole-action log-prob (the KL hard cut's input)
+        m[f"agent/{agent}/kl"] = float(losses.approx_kl(stats.logprobs.detach(), old_tok, mask))
+        m[f"agent/{agent}/action_kl"] = float(losses.approx_kl(logp.detach(), old))
         m[f"agent/{agent}/advantage_mean"] = float(adv.mean())
         loss = self.entropy_and_penalties(agent, mb, stats, loss, m)
         return loss, m
