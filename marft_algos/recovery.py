@@ -315,9 +315,10 @@ class CollapseRecovery:
                 fh.write(json.dumps(event) + "\n")
 
     def close(self) -> None:
-        if self._tmp is not None:
+        """Forget the checkpoints (a later step starts afresh) and remove a temporary root."""
+        self.good = self.pending = None
+        if self._tmp is not None:  # a later save re-creates it; the finalizer removes it again
             shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
 
     def settings_dict(self) -> dict[str, Any]:
         return asdict(self.s)

@@ -105,6 +105,16 @@ def test_registered_by_name_for_cli_and_python():
     assert {s.name for s in __import__("marft_algos.trainer").trainer.list_algorithms()} >= {"grpo", "ippo", "marft-action", "marft-token"}
 
 
+@pytest.mark.parametrize("algo", ["marft-action", "marft-token"])
+def test_cli_help_lists_the_options(algo, capsys):
+    from marft_algos.cli import main
+
+    assert main(["train", "--algo", algo, "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--gamma-agent", "--kl-threshold", "--agent-by-agent", "--critic-warmup-steps", "--recovery-lr-factor"):
+        assert flag in out
+
+
 def test_config_rejects_bad_combinations_with_a_reason():
     with pytest.raises(ConfigError, match="logprob_norm"):
         tiny_config(logprob_norm="chars")

@@ -77,7 +77,7 @@ class MARFTConfig(TrainConfig):
     value_clip: float | None = field(default=None, metadata={"help": "Clip value predictions to +-value_clip around the rollout values (None = off)."})
     vf_coef: float = field(default=1.0, metadata={"help": "Value loss coefficient (the critic has its own optimizer; this scales its gradient)."})
     # --- schedule ------------------------------------------------------------------
-    agent_by_agent: bool = field(default=False, metadata={"help": "Sequential updates: only agent (k // agent_interval) % N steps its optimizer at update k."})
+    agent_by_agent: bool = field(default=False, metadata={"help": "Sequential updates: at update k only agent number (k // agent_interval) mod N steps its optimizer."})
     agent_interval: int = field(default=1, metadata={"help": "Updates per agent turn in agent-by-agent mode."})
     # --- collapse recovery ---------------------------------------------------------
     recovery: bool = field(default=True, metadata={"help": "Detect collapses (NaN/inf, entropy surge, KL spike, reward collapse) and roll back."})
