@@ -1,0 +1,117 @@
+"""Checkpoints: exact resume (N steps == N/2 + resume N/2) and atomic saves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import marft_algos.checkpoint as ckpt_mod
+from marft_algos.checkpoint import CheckpointError, find_checkpoint, list_checkpoints
+from marft_algos.config import GRPOConfig, IPPOConfig
+
+pytest.importorskip("marft_algos.models")
+from _tiny_echo import ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
+
+from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
+from marft_algos.algos.ippo import IPPOTrainer  # noqa: E402
+
+KEYS = ("team/reward", "agent/speaker/policy_loss", "agent/listener/policy_loss", "agent/speaker/kl", "agent/listener/entropy", "agent/listener/grad_norm")
+
+
+def grpo_cfg(out, **kw):
+    base = dict(env_id="echo-duo-v0", env_kwargs=ENV_KWARGS, model="tiny-random", num_envs=8, group_size=4, steps=4, lr=0.02,
+                progress=False, tensorboard=False, plot=False, out_dir=str(out), sampling_overrides=SAMPLING, ppo_epochs=2,
+                num_minibatches=2, warmup_steps=2, seed=3)
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def ippo_cfg(out, **kw):
+    base = dict(env_id="echo-duo-v0", env_kwargs=ENV_KWARGS, model="tiny-random", num_envs=8, steps=4, lr=0.02, progress=False,
+                tensorboard=False, plot=False, out_dir=str(out), sampling_overrides=SAMPLING, num_minibatches=2, seed=3)
+    base.update(kw)
+    return IPPOConfig(**base)
+
+
+def _series(hist):
+    return {k: [h.get(k) for h in hist] for k in KEYS}
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ippo"])
+def test_resume_gives_identical_metrics(tmp_path, algo):
+    cls, mk = (GRPOTrainer, grpo_cfg) if algo == "grpo" else (IPPOTrainer, ippo_cfg)
+    full = cls(mk(tmp_path / "full"), policy=letter_policy())
+    init = [p.detach().clone() for a in full.agents for p in full.policy.trainable_parameters(a)]
+    full.train()
+    half = cls(mk(tmp_path / "split"), policy=letter_policy())
+    half.train(steps=2)
+    del half
+    resumed = cls(mk(tmp_path / "split"), policy=letter_policy())  # what a fresh process builds
+    resumed.load_checkpoint(tmp_path / "split")
+    assert resumed.global_step == 2
+    resumed.train()
+    a, b = _series(full.history), _series(resumed.history)
+    for k in KEYS:
+        assert len(a[k]) == len(b[k]) == 4
+        for x, y in zip(a[k], b[k], strict=True):
+            assert (x is None and y is None) or x == pytest.approx(y, abs=1e-6), (k, a[k], b[k])
+    # training moved the weights (otherwise equality would be vacuous) and both runs agree
+    now = [p.detach() for a in full.agents for p in full.policy.trainable_parameters(a)]
+    assert any(not torch.equal(a, b) for a, b in zip(init, now, strict=True))
+    for agent in full.agents:
+        for p, q in zip(full.policy.trainable_parameters(agent), resumed.policy.trainable_parameters(agent), strict=True):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+    # the resumed run's metrics file has every step once
+    steps = [json.loads(x)["step"] for x in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    t = GRPOTrainer(grpo_cfg(tmp_path, steps=1), policy=letter_policy())
+    t.train()  # final save at step 1
+    root = tmp_path / "checkpoints"
+    good = find_checkpoint(tmp_path)
+    assert good.name == "step-00000001"
+    t.train_step()
+
+    real_save = torch.save
+
+    def crash(obj, path, *a, **kw):
+        real_save(obj, path, *a, **kw)
+        raise KeyboardInterrupt("power cut after trainer.pt")  # mid-save: manifest never written
+
+    monkeypatch.setattr(ckpt_mod.torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        t.save_checkpoint()
+    monkeypatch.setattr(ckpt_mod.torch, "save", real_save)
+    assert (root / "latest").read_text().strip() == "step-00000001"
+    assert find_checkpoint(tmp_path) == good
+    assert [p.name for p in list_checkpoints(root)] == ["step-00000001"]
+    assert not list(root.glob(".tmp-*"))  # the partial dir was removed
+
+    # a crash after the rename but before `latest` moved: latest still names a valid checkpoint
+    monkeypatch.setattr(ckpt_mod, "_write_atomic_text", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        t.save_checkpoint()
+    monkeypatch.undo()
+    assert find_checkpoint(tmp_path) == good
+
+    # a checkpoint whose files were damaged is refused, and the loader falls back
+    (root / "latest").write_text("step-00000002\n")
+    with open(root / "step-00000002" / "trainer.pt", "r+b") as fh:
+        fh.seek(10)
+        fh.write(b"\x00\x01\x02\x03")
+    assert find_checkpoint(tmp_path) == good
+    with pytest.raises(CheckpointError):
+        ckpt_mod.verify_checkpoint(root / "step-00000002")
+
+    fresh = GRPOTrainer(grpo_cfg(tmp_path, steps=1), policy=letter_policy())
+    fresh.load_checkpoint(tmp_path)
+    assert fresh.global_step == 1
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        find_checkpoint(tmp_path)

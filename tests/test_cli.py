@@ -1,0 +1,92 @@
+"""The `marft` command line: train / resume / eval on a tiny model, listing, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from marft_algos.cli import main
+
+pytest.importorskip("marft_algos.models")
+
+COMMON = ["--model", "tiny-random", "--set", "num_envs=4", "--set", "progress=false",
+          "--set", 'sampling_overrides={"speaker": {"max_new_tokens": 3}, "listener": {"max_new_tokens": 3}}']
+TINY = [*COMMON, "--set", "group_size=2"]
+
+
+def _steps(out):
+    return [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_grpo_writes_a_run_dir(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--env", "echo-duo-v0", "--algo", "grpo", "--steps", "2", "--out", str(out), *TINY]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and "team/reward" in rows[0] and "agent/speaker/entropy" in rows[0]
+    assert (out / "learning_curve.png").is_file() and (out / "checkpoints" / "latest").is_file()
+    assert list((out / "tb").glob("events.*"))
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["algo"] == "grpo" and saved["num_envs"] == 4 and saved["group_size"] == 2
+
+
+def test_train_resume_and_eval(tmp_path, capsys):
+    # IPPO with an entropy bonus: the weights move even when the random tiny model earns no reward
+    out = tmp_path / "run"
+    ippo = ["train", "--env", "echo-duo-v0", "--algo", "ippo", "--out", str(out), "--ent-coef", "0.01", *COMMON]
+    assert main([*ippo, "--steps", "2"]) == 0
+    assert main([*ippo, "--steps", "3", "--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert _steps(out) == [1, 2, 3]
+    res = tmp_path / "eval.json"
+    assert main(["eval", "--checkpoint", str(out), "--split", "test", "--n", "6", "--num-envs", "3", "--json", str(res)]) == 0
+    r = json.loads(res.read_text())
+    assert r["n"] == 6 and 0 <= r["ci_low"] <= r["accuracy"] <= r["ci_high"] <= 1 and r["env_id"] == "echo-duo-v0"
+
+
+@pytest.mark.xfail(strict=True, reason="TeamPolicy.load rejects an adapter state equal to the fresh initialisation ('matched no parameter'): resuming/evaluating a run whose adapters never moved fails (models issue)")
+def test_resume_a_run_that_has_not_learned_yet(tmp_path):
+    out = tmp_path / "run"
+    argv = ["train", "--env", "echo-duo-v0", "--algo", "grpo", "--out", str(out), *TINY]
+    assert main([*argv, "--steps", "1"]) == 0
+    assert main([*argv, "--steps", "2", "--resume"]) == 0
+
+
+def test_algorithm_flags_and_config_file(tmp_path):
+    from marft_algos.cli import build_config, build_parser
+
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(json.dumps({"group_size": 8, "num_envs": 16, "lr": 1e-4}))
+    args, extra = build_parser().parse_known_args(
+        ["train", "--env", "echo-duo-v0", "--algo", "grpo", "--config", str(cfg_file), "--eps-high", "0.3", "--set", "lr=2e-4", "--set", "sampling_overrides.listener.temperature=0.5"]
+    )
+    cfg = build_config(args, extra)
+    assert (cfg.group_size, cfg.num_envs, cfg.eps_high, cfg.lr) == (8, 16, 0.3, 2e-4)
+    assert cfg.sampling_overrides == {"listener": {"temperature": 0.5}}
+
+
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["train", "--env", "echo-duo-v1", "--steps", "1"], "echo-duo-v0"),
+        (["train", "--env", "ecoh-duo-v0", "--steps", "1"], "echo-duo"),
+        (["train", "--env", "echo-duo-v0", "--algo", "gpro"], "did you mean 'grpo'"),
+        (["train", "--env", "echo-duo-v0", "--set", "grop_size=4"], "did you mean 'group_size'"),
+        (["train", "--env", "echo-duo-v0", "--set", "group_size=1"], "group_size >= 2"),
+        (["train", "--env", "echo-duo-v0", "--grup-size", "4"], "did you mean '--group-size'"),
+        (["train", "--env", "echo-duo-v0", "--set", "lr_per_agent.narrator=0.1"], "unknown agents"),
+        (["eval", "--checkpoint", "/nonexistent/run"], "no complete checkpoint"),
+    ],
+)
+def test_bad_input_is_a_clear_error(argv, expect, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expect in err and "Traceback" not in err
+
+
+def test_listings(capsys):
+    assert main(["list-algos"]) == 0
+    out = capsys.readouterr().out
+    assert "grpo" in out and "ippo" in out
+    assert main(["list-envs"]) == 0
+    assert "echo-duo-v0" in capsys.readouterr().out

@@ -1,0 +1,180 @@
+"""GRPO trainer: advantages through the trainer, dynamic sampling, NaN guard, config checks, learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from marft_algos.config import ConfigError, GRPOConfig
+from marft_algos.rollout import Episode, RolloutBatch, Transition
+
+pytest.importorskip("marft_algos.models")
+from _tiny_echo import CHANCE, ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
+
+from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
+
+
+def tiny_config(**kw) -> GRPOConfig:
+    base = dict(env_id="echo-duo-v0", env_kwargs=ENV_KWARGS, model="tiny-random", num_envs=4, group_size=2, steps=2,
+                progress=False, tensorboard=False, sampling_overrides=SAMPLING)
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def make(**kw) -> GRPOTrainer:
+    return GRPOTrainer(tiny_config(**kw), policy=letter_policy())
+
+
+@pytest.fixture(scope="module")
+def trainer() -> GRPOTrainer:
+    return make()
+
+
+def batch_from_returns(returns_by_group: list[list[float]], agents=("speaker", "listener")) -> RolloutBatch:
+    episodes, eid = [], 0
+    for g, returns in enumerate(returns_by_group):
+        for R in returns:
+            ep = Episode(episode_id=eid, group_id=g, seed=g, team_return=R)
+            for k, a in enumerate(agents):
+                ep.transitions.append(Transition(eid, g, k, 0, a, [1], [2], [-1.0], team_reward=R))
+            episodes.append(ep)
+            eid += 1
+    return RolloutBatch(episodes=episodes)
+
+
+def test_group_relative_advantages_closed_form(trainer):
+    batch = batch_from_returns([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 0.5]])
+    trainer.config.normalize = "global"
+    trainer.compute_advantages(batch)
+    for ep in batch.episodes:
+        group = [e.team_return for e in batch.episodes if e.group_id == ep.group_id]
+        mu, sd = np.mean(group), np.std(group, ddof=1)
+        expected = (ep.team_return - mu) / (sd + 1e-6)
+        for t in ep.transitions:  # every agent's action carries its episode's advantage
+            assert t.advantage == pytest.approx(expected, abs=1e-6)
+    # an all-equal group carries no signal: exactly 0
+    assert all(t.advantage == 0.0 for ep in batch.episodes if ep.group_id == 1 for t in ep.transitions)
+
+
+def test_agentwise_normalization_uses_agent_statistics(trainer):
+    # reward_source="agent": agents see different reward scales; Dr. MAS normalises per agent
+    batch = batch_from_returns([[1.0, 0.0, 1.0, 0.0]])
+    for ep in batch.episodes:
+        sp, li = ep.transitions
+        sp.reward, li.reward = 10.0 * ep.team_return, ep.team_return + 0.5 * (ep.episode_id % 2 == 0)
+    trainer.config.reward_source, trainer.config.normalize = "agent", "agent"
+    try:
+        trainer.compute_advantages(batch)
+    finally:
+        trainer.config.reward_source, trainer.config.normalize = "team", "global"
+    for agent in ("speaker", "listener"):
+        adv = np.array([t.advantage for t in batch.transitions if t.agent == agent])
+        assert abs(adv.mean()) < 1e-6 and np.std(adv, ddof=1) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_dynamic_sampling_drops_all_equal_groups(monkeypatch):
+    t = make(num_envs=4, group_size=2, dynamic_sampling=True, max_resample_tries=2)
+    rounds = iter([
+        batch_from_returns([[1.0, 1.0], [0.0, 1.0]]),  # group 0 all-equal: dropped
+        batch_from_returns([[0.0, 0.0]]),  # dropped again
+        batch_from_returns([[1.0, 0.0]]),  # fills the batch
+    ])
+
+    def fake_collect(num_groups=None):
+        b = next(rounds)
+        b.metrics = {"team/reward": float(np.mean([e.team_return for e in b.episodes])), "rollout/tokens": 4.0, "perf/rollout_s": 1.0}
+        return b
+
+    monkeypatch.setattr(t.collector, "collect", fake_collect)
+    batch = t.collect()
+    assert len(batch.groups()) == 2 and len(batch.episodes) == 4
+    for g in batch.groups().values():
+        assert len({e.team_return for e in g}) > 1
+    assert batch.metrics["rollout/groups_dropped"] == 2 and batch.metrics["rollout/dynamic_tries"] == 2
+    assert batch.metrics["team/reward"] == 0.75  # reward of the first (unfiltered) round
+
+
+def _snapshot(t):
+    return [p.detach().clone() for a in t.agents for p in t.policy.trainable_parameters(a)]
+
+
+def test_nonfinite_loss_and_gradient_are_skipped_and_counted(monkeypatch):
+    t = make()
+    real_loss = GRPOTrainer.policy_loss
+    calls = {"n": 0}
+
+    def nan_loss(self, agent, mb, stats):
+        loss, m = real_loss(self, agent, mb, stats)
+        calls["n"] += 1
+        return loss * float("nan"), m
+
+    batch = t.collect()
+    batch.episodes[0].team_return = 1.0  # make sure advantages are non-zero
+    t.compute_advantages(batch)
+    before = _snapshot(t)
+    monkeypatch.setattr(GRPOTrainer, "policy_loss", nan_loss)
+    t.update(batch)
+    assert calls["n"] == 2  # both agents tried
+    assert t.counters["train/nonfinite_skips"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(t), strict=True))
+    monkeypatch.setattr(GRPOTrainer, "policy_loss", real_loss)
+    # a NaN gradient (finite loss) is caught too
+    t.policy.set_train_role("speaker")
+    param = next(iter(t.policy.trainable_parameters("speaker")))
+    handle = param.register_hook(lambda g: g * float("nan"))
+    try:
+        t.update(batch)
+    finally:
+        handle.remove()
+    assert t.counters["train/nonfinite_skips"] == 3
+    assert t.counters["agent/speaker/nonfinite_skips"] == 2
+    assert all(torch.isfinite(p).all() for p in _snapshot(t))
+    m = t.train_step()  # a clean step still trains and reports the counter
+    assert m["train/nonfinite_skips"] == 3
+    assert not all(torch.equal(a, b) for a, b in zip(before, _snapshot(t), strict=True))
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        tiny_config(group_size=1, num_envs=4)
+    with pytest.raises(ConfigError, match="eps_high"):
+        tiny_config(eps_low=0.3, eps_high=0.2)
+    with pytest.raises(ConfigError, match="multiple of group_size"):
+        tiny_config(num_envs=5, group_size=2)
+    with pytest.raises(ConfigError, match="loss_agg"):
+        tiny_config(loss_agg="episode")
+    with pytest.raises(ConfigError, match="unknown sampling"):
+        tiny_config(sampling_overrides={"speaker": {"temprature": 0.5}})
+    with pytest.raises(ConfigError, match="unknown agents"):
+        GRPOTrainer(tiny_config(sampling_overrides={"reasoner": {"temperature": 0.5}}), policy=object())
+    tiny_config(eps_low=0.2, eps_high=0.28, dynamic_sampling=True)  # DAPO settings are fine
+
+
+def test_kl_to_reference_is_logged_when_beta_positive():
+    t = make(beta=0.1, ppo_epochs=2, num_minibatches=2)
+    m = t.train_step()
+    for a in t.agents:
+        assert m[f"agent/{a}/ref_kl"] >= 0
+        for key in ("kl", "entropy", "clip_frac", "grad_norm", "response_len", "reward"):
+            assert f"agent/{a}/{key}" in m, key
+
+
+def train_until_learned(t, max_steps: int, target: float) -> list[float]:
+    """Step until the mean accuracy of the last 3 steps reaches ``target`` (or max_steps)."""
+    acc: list[float] = []
+    for _ in range(max_steps):
+        acc.append(t.train_step()["team/accuracy"])
+        if len(acc) >= 3 and np.mean(acc[-3:]) >= target:
+            break
+    return acc
+
+
+@pytest.mark.timeout(400)
+def test_grpo_learns_echo():
+    """The team goes from chance (1/|V| = 0.125) to >= 0.8 correct: the listener learns the speaker's word."""
+    torch.set_num_threads(2)
+    t = make(num_envs=16, group_size=4, lr=0.05, seed=0)
+    acc = train_until_learned(t, max_steps=30, target=0.8)
+    assert np.mean(acc[:2]) <= CHANCE + 0.2, acc  # it did start near chance
+    assert np.mean(acc[-3:]) >= 0.8 >= CHANCE + 0.6, acc
