@@ -3,8 +3,8 @@
 A duo (two LoRA roles on one base) samples replies to chat prompts at batch 1/8/32
 (rows alternate roles, so every batch mixes both adapters), plus a GRPO-style batch of
 4 prompts x 8 samples. HF ``generate`` runs on the same peft model with the same
-prompts and ``adapter_names`` (one per row), in the same process, right after ours, so
-the ratio is measured side by side. Tokens/s counts generated tokens up to and including
+prompts and ``adapter_names`` (one per row), in the same process, interleaved with ours
+(alternating order over ``--repeats`` runs), so the ratio is measured side by side. Tokens/s counts generated tokens up to and including
 EOS (padding after a finished row is not counted).
 
 Usage::
@@ -16,6 +16,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2, help="runs per side, order alternating; medians reported")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     roles = ["solver", "checker"]
@@ -102,11 +104,23 @@ def main(argv: list[str] | None = None) -> None:
     print(header)
     print("-" * len(header))
     for name, rows in cases:
-        nt_o, dt_o = ours(policy, rows, args.max_new_tokens)
-        nt_h, dt_h = hf(policy, rows, args.max_new_tokens)
-        r_o, r_h = nt_o / dt_o, nt_h / dt_h
+        runs: dict[str, list[tuple[int, float]]] = {"ours": [], "hf": []}
+        for rep in range(args.repeats):
+            # alternate which side goes first: on a shared CPU the load drifts between runs
+            order = [("ours", ours), ("hf", hf)] if rep % 2 == 0 else [("hf", hf), ("ours", ours)]
+            for side, fn in order:
+                runs[side].append(fn(policy, rows, args.max_new_tokens))
+        (nt_o, dt_o), (nt_h, dt_h) = (
+            (sum(n for n, _ in runs[k]), sum(d for _, d in runs[k])) for k in ("ours", "hf")
+        )
+        r_o = statistics.median(n / d for n, d in runs["ours"])
+        r_h = statistics.median(n / d for n, d in runs["hf"])
         print(f"{name:<12} {r_o:>11.1f} {r_h:>9.1f} {r_o / r_h:>6.2f} {nt_o:>9} {nt_h:>7} {dt_o:>7.1f} {dt_h:>6.1f}", flush=True)
-    print(f"\nsampling T=1, top-p 1, max_new_tokens={args.max_new_tokens}; both duo adapters in every batch; ratio = ours / HF.")
+    print(
+        f"\nsampling T=1, top-p 1, max_new_tokens={args.max_new_tokens}; both duo adapters in every batch; "
+        f"tok/s = median over {args.repeats} runs per side (order alternating); tokens/seconds columns are totals; "
+        "ratio = ours / HF."
+    )
 
 
 if __name__ == "__main__":
