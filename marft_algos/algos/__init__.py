@@ -18,3 +18,5 @@ __all__ = ["GRPOTrainer", "IPPOTrainer"]
 for _mod in pkgutil.iter_modules(__path__):
     if not _mod.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_mod.name}")
+from marft_algos.algos.marft_action import MARFTActionTrainer  # noqa: E402,F401  (registers "marft-action")
+from marft_algos.algos.marft_token import MARFTTokenTrainer  # noqa: E402,F401  (registers "marft-token")
