@@ -25,6 +25,10 @@ from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer
 from marft_algos.models import TeamPolicy, TokenStats, build_tiny_model  # noqa: E402
 
 VOCAB = ["a", "b", "c", "d"]
+# unit tests: a format reward (listener said a vocabulary word) makes every batch carry signal,
+# so "the weights moved" never depends on a lucky rollout; learning tests use the bare task
+SHAPED = {"vocabulary": VOCAB, "reward": {"outcome": 1.0, "format": 0.5}}
+BARE = {"vocabulary": VOCAB}
 ONE_TOKEN = {"speaker": {"max_new_tokens": 1}, "listener": {"max_new_tokens": 1}}
 AGENTS = ("speaker", "listener")
 
@@ -46,7 +50,7 @@ def letter_policy(roles=AGENTS, bias: float = 8.0, seed: int = 0) -> TeamPolicy:
 def echo_kwargs(**kw):
     base = dict(
         env_id="echo-duo-v0",
-        env_kwargs={"vocabulary": VOCAB},
+        env_kwargs=SHAPED,
         model="tiny-random",
         num_envs=4,
         steps=2,
@@ -303,7 +307,7 @@ def test_marft_action_learns_echo():
     """Team reward rises from chance (1/|V| = 0.25) to well above it."""
     torch.set_num_threads(2)
     # ~3 s of CPU per step on 2 idle cores; max_minutes only guards a badly overloaded machine
-    cfg = tiny_config(num_envs=16, steps=16, lr=0.02, seed=0, max_minutes=6.0)
+    cfg = tiny_config(env_kwargs=BARE, num_envs=16, steps=16, lr=0.02, seed=0, max_minutes=6.0)
     t = MARFTActionTrainer(cfg, policy=letter_policy())
     hist = t.train()
     rewards = [h["team/reward"] for h in hist]

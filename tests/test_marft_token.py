@@ -10,7 +10,7 @@ from marft_algos.config import ConfigError
 from marft_algos.rollout import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
-from test_marft_action import echo_kwargs, letter_policy  # noqa: E402
+from test_marft_action import BARE, echo_kwargs, letter_policy  # noqa: E402
 
 from marft_algos.algos.marft_token import MARFTTokenConfig, MARFTTokenTrainer  # noqa: E402
 from marft_algos.models import TokenStats  # noqa: E402
@@ -119,7 +119,7 @@ def test_marft_token_learns_echo():
     """Team reward rises from chance (1/|V| = 0.25) to well above it."""
     torch.set_num_threads(2)
     # ~3 s of CPU per step on 2 idle cores; max_minutes only guards a badly overloaded machine
-    cfg = tiny_config(num_envs=16, steps=16, lr=0.02, seed=0, max_minutes=6.0)
+    cfg = tiny_config(env_kwargs=BARE, num_envs=16, steps=16, lr=0.02, seed=0, max_minutes=6.0)
     t = MARFTTokenTrainer(cfg, policy=letter_policy())
     hist = t.train()
     rewards = [h["team/reward"] for h in hist]

@@ -60,7 +60,7 @@ class MARFTConfig(TrainConfig):
     lam_agent: float = field(default=0.95, metadata={"help": "GAE lambda of a hop to the next agent inside a turn (reference: 0.95)."})
     gamma_turn: float = field(default=0.99, metadata={"help": "Discount of a hop from a turn's last agent to the next turn (reference: 0.99)."})
     lam_turn: float = field(default=0.95, metadata={"help": "GAE lambda of a hop to the next turn (reference: 0.95)."})
-    normalize_advantages: str = field(default="batch", metadata={"help": "'batch' (over all trainable actions, as the reference), 'agent' (per agent) or 'none'."})
+    normalize_advantages: str = field(default="none", metadata={"help": "'none' (raw GAE advantages), 'batch' (whiten over all trainable actions, as the reference) or 'agent' (whiten per agent)."})
     # --- policy loss ---------------------------------------------------------------
     eps_low: float = field(default=0.2, metadata={"help": "Lower PPO clip range (ratio >= 1 - eps_low)."})
     eps_high: float = field(default=0.2, metadata={"help": "Upper PPO clip range (ratio <= 1 + eps_high); > eps_low is DAPO clip-higher."})
