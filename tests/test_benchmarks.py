@@ -1,0 +1,187 @@
+"""Smoke tests of the benchmark scripts on the tiny random model.
+
+Each script runs end to end with minimal settings and writes its table, CSV and plot
+with the expected columns. Runs that take more than ~30 s are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def lb() -> ModuleType:
+    return _load("leaderboard")
+
+
+def _csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open() as f:
+        r = csv.DictReader(f)
+        rows = list(r)
+        return list(r.fieldnames or []), rows
+
+
+# --------------------------------------------------------------------------------------
+# pure logic (no model)
+# --------------------------------------------------------------------------------------
+
+
+def _rec(lb: ModuleType, p: int, j: int, ans: str | None, ok: bool, tokens: int = 10) -> object:
+    return lb.SampleRecord(problem=p, sample=j, correct=ok, tokens=tokens, calls=1, timed_out=False, answer=ans, actions=[])
+
+
+def test_majority_vote_uses_budget_and_votes(lb: ModuleType) -> None:
+    recs = [
+        _rec(lb, 0, 0, "5", False), _rec(lb, 0, 1, "7", True), _rec(lb, 0, 2, " 7 ", True),  # vote 1: 5 vs 7 -> tie, first wins
+        _rec(lb, 0, 3, "7", True),  # vote 2 (budget 2): " 7 ", "7" -> 7
+        _rec(lb, 1, 0, None, False), _rec(lb, 1, 1, None, False), _rec(lb, 1, 2, "3", True), _rec(lb, 1, 3, None, False),
+    ]
+    voted = lb.majority_vote(recs, budget=2, k=2)
+    by = {(r.problem, r.sample): r for r in voted}
+    assert not by[(0, 0)].correct and by[(0, 0)].answer == "5"  # tie -> first seen
+    assert by[(0, 1)].correct and by[(0, 1)].answer == "7"  # whitespace-normalised vote
+    assert not by[(1, 0)].correct  # no extractable answer at all
+    assert by[(1, 1)].correct  # one answer beats no answer
+    assert all(r.tokens == 20 and r.calls == 2 for r in voted)  # the same sample budget as a 2-call team
+
+
+def test_summarize_avg_at_k_and_pass_at_k(lb: ModuleType) -> None:
+    recs = [_rec(lb, 0, 0, "1", True), _rec(lb, 0, 1, "2", False), _rec(lb, 1, 0, "1", False), _rec(lb, 1, 1, "1", False)]
+    s = lb.summarize(recs)
+    assert s["problems"] == 2 and s["k"] == 2 and s["samples"] == 4
+    assert s["accuracy"] == pytest.approx(0.25) and s["pass_at_k"] == pytest.approx(0.5)
+    assert 0.0 <= s["ci_low"] <= 0.25 <= s["ci_high"] <= 1.0
+    assert lb.summarize(recs, k=1)["accuracy"] == pytest.approx(0.5)
+
+
+def test_suites_are_data_and_extensible(lb: ModuleType) -> None:
+    assert {"arith", "gsm8k", "math500", "humaneval"} <= set(lb.SUITES)
+    assert lb.SUITES["math500"].split == "test500" and lb.SUITES["humaneval"].envs["duo"] == "code-duo-v0"
+    suite = lb.Suite("mine", {"duo": "echo-duo-v0"}, "test", {}, 3)
+    lb.register_suite(suite)
+    try:
+        assert lb.SUITES["mine"] is suite
+        with pytest.raises(ValueError):
+            lb.register_suite(suite)
+    finally:
+        lb.SUITES.pop("mine", None)
+
+
+# --------------------------------------------------------------------------------------
+# end to end on the tiny model
+# --------------------------------------------------------------------------------------
+
+
+def test_leaderboard_end_to_end(lb: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "lb"
+    rc = lb.main(["--model", "tiny-random", "--suite", "arith", "--teams", "solo,duo", "--limit", "2", "--k", "2",
+                  "--max-new-tokens", "4", "--env", "echo-duo-v0", "--out", str(out)])
+    assert rc == 0
+    for name in ("leaderboard.md", "leaderboard.csv", "leaderboard.png", "leaderboard.json", "samples.jsonl"):
+        assert (out / name).is_file(), name
+    cols, rows = _csv(out / "leaderboard.csv")
+    assert cols == lb.COLUMNS
+    systems = {(r["suite"], r["system"]) for r in rows}
+    assert {("arith", "untrained solo"), ("arith", "untrained duo"), ("arith", "solo maj@2"), ("echo-duo-v0", "untrained")} <= systems
+    duo = next(r for r in rows if r["system"] == "untrained duo")
+    assert duo["problems"] == "2" and duo["k"] == "2" and float(duo["calls_per_episode"]) == 2.0
+    maj = next(r for r in rows if r["system"] == "solo maj@2")
+    assert float(maj["calls_per_episode"]) == 2.0  # the same number of LLM calls as the duo
+    md = (out / "leaderboard.md").read_text()
+    assert "acc (avg@k)" in md and "torch" in md
+
+
+def test_leaderboard_is_reproducible(lb: ModuleType, tmp_path: Path) -> None:
+    argv = ["--model", "tiny-random", "--suite", "arith", "--teams", "duo", "--no-majority", "--limit", "2", "--max-new-tokens", "4"]
+    lb.main([*argv, "--out", str(tmp_path / "a")])
+    lb.main([*argv, "--out", str(tmp_path / "b")])
+    a = (tmp_path / "a" / "samples.jsonl").read_text()
+    b = (tmp_path / "b" / "samples.jsonl").read_text()
+    assert a == b  # fixed seeds: the same episodes, token for token
+
+
+def test_leaderboard_compare_and_checkpoint(lb: ModuleType, tmp_path: Path) -> None:
+    from marft_algos.algos.grpo import GRPOTrainer
+    from marft_algos.config import GRPOConfig
+
+    run = tmp_path / "run"
+    cfg = GRPOConfig(env_id="arith-duo-v0", model="tiny-random", num_envs=2, group_size=2, steps=1, out_dir=str(run),
+                     sampling_overrides={"reasoner": {"max_new_tokens": 4}, "actor": {"max_new_tokens": 4}},
+                     progress=False, plot=False, tensorboard=False, transcript_every=0)
+    GRPOTrainer(cfg).train()
+    out = tmp_path / "cmp"
+    assert lb.main(["--model", "tiny-random", "--compare", "untrained", str(run), "--limit", "2", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    cols, rows = _csv(out / "compare.csv")
+    assert cols == lb.COMPARE_COLUMNS
+    metrics = {(r["agent"], r["metric"]) for r in rows}
+    for agent in ("reasoner", "actor"):
+        for m in ("tokens", "format_error", "agrees_with_predecessor", "action_changed"):
+            assert (agent, m) in metrics
+    assert ("team", "accuracy") in metrics
+    out2 = tmp_path / "lb"
+    lb.main(["--model", "tiny-random", "--suite", "arith", "--teams", "duo", "--no-majority", "--limit", "2",
+             "--max-new-tokens", "4", "--checkpoint", f"mine={run}", "--out", str(out2)])
+    _, rows = _csv(out2 / "leaderboard.csv")
+    assert any(r["system"] == "trained mine" and r["env_id"] == "arith-duo-v0" for r in rows)
+
+
+def test_throughput_bandwidth_section(tmp_path: Path) -> None:
+    tp = _load("throughput")
+    out = tmp_path / "tp"
+    assert tp.main(["--model", "tiny-random", "--sections", "bandwidth", "--bandwidth-mb", "32", "--decode-batches", "1,2",
+                    "--decode-tokens", "4", "--decode-reps", "1", "--out", str(out)]) == 0
+    cols, rows = _csv(out / "bandwidth.csv")
+    assert cols == tp.BANDWIDTH_COLUMNS and [r["batch"] for r in rows] == ["1", "2"]
+    assert all(float(r["bound_tok_s"]) > 0 for r in rows)
+    assert (out / "throughput.png").is_file() and "memory-bandwidth bound" in (out / "throughput.md").read_text()
+
+
+@pytest.mark.slow
+def test_throughput_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    tp = _load("throughput")
+    out = tmp_path / "tp"
+    assert tp.main(["--model", "tiny-random", "--reps", "1", "--group-size", "2", "--gen-tokens", "4", "--scaling", "1,2",
+                    "--scaling-episodes", "2", "--scaling-tokens", "2", "--scaling-reps", "1", "--bandwidth-mb", "32",
+                    "--decode-batches", "1", "--decode-tokens", "4", "--decode-reps", "1", "--out", str(out)]) == 0
+    cols, rows = _csv(out / "grpo_vs_trl.csv")
+    assert cols == tp.GRPO_COLUMNS
+    assert {r["system"] for r in rows} == {"TRL GRPOTrainer solo", "marft GRPO solo", "marft GRPO duo"}
+    cols, rows = _csv(out / "scaling.csv")
+    assert cols == tp.SCALING_COLUMNS and [r["agents"] for r in rows] == ["1", "2"]
+    assert all(float(r["rss_peak_mb"]) > 0 for r in rows)
+    text = (out / "throughput.md").read_text()
+    assert "marft GRPO duo / TRL: train_tok_s" in text and (out / "throughput.png").is_file()
+
+
+@pytest.mark.slow
+def test_headline_end_to_end(tmp_path: Path) -> None:
+    hl = _load("headline")
+    out = tmp_path / "h"
+    assert hl.main(["--model", "tiny-random", "--steps", "1", "--eval-every", "1", "--eval-n", "2", "--curve-n", "2",
+                    "--max-new-tokens", "4", "--set", "num_envs=4", "--algos", "grpo,no-such-algo", "--out", str(out)]) == 0
+    cols, rows = _csv(out / "headline.csv")
+    assert cols == hl.HEADLINE_COLUMNS
+    systems = [r["system"] for r in rows]
+    assert systems[:3] == ["untrained solo", "untrained duo", "duo trained with grpo"]
+    assert "not available" in rows[3]["status"]
+    cols, curve = _csv(out / "curves.csv")
+    assert cols == hl.CURVE_COLUMNS and [c["step"] for c in curve] == ["0", "1"]
+    assert (out / "headline.png").is_file()
