@@ -160,3 +160,27 @@ def test_too_many_rollbacks_stop_with_an_error(tmp_path, monkeypatch):
     with pytest.raises(CollapseError, match="after 1 rollbacks"):
         t.train()
     assert t.counters["recovery/rollbacks"] == 1
+
+
+def test_rollback_to_a_checkpoint_whose_adapters_never_moved(tmp_path, monkeypatch):
+    # During critic warm-up the adapters stay at their initialisation; the good checkpoint
+    # then holds adapters equal to a fresh policy's, and restoring it must still work.
+    t = recovering_trainer(tmp_path, critic_warmup_steps=3, steps=4)
+    fresh = policy_weights(t)
+    real_update = MARFTActionTrainer.update
+
+    def nan_at_step_3(self, batch):  # the 3rd step is still in the critic warm-up
+        m = real_update(self, batch)
+        if self.global_step == 2:
+            m["agent/speaker/loss"] = float("nan")
+        return m
+
+    monkeypatch.setattr(MARFTActionTrainer, "update", nan_at_step_3)
+    t.train()
+    assert t.counters["recovery/rollbacks"] == 1
+    assert t.global_step == 4
+    restored = t.recovery.rollbacks[0]["restored"]
+    assert restored == "step-00000001"
+    # the warm-up steps never touched the policy adapters
+    assert t.global_step > t.config.critic_warmup_steps
+    assert any(not torch.equal(a, b) for a, b in zip(fresh, policy_weights(t), strict=True))
