@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
 from benchmarks._common import markdown_table, untrained_policy, versions, write_csv, write_json  # noqa: E402
-from benchmarks.leaderboard import run_samples, summarize  # noqa: E402
+from marft_algos.leaderboard import run_samples, summarize  # noqa: E402
 
 __all__ = ["main", "build_parser", "HEADLINE_COLUMNS", "CURVE_COLUMNS", "ALGO_DEFAULTS"]
 

@@ -5,6 +5,7 @@
     marft train ... --config cfg.json --set group_size=8 --set sampling_overrides.actor.temperature=0.7
     marft eval  --env gsm8k-duo-v0 --checkpoint runs/duo-grpo --split test --n 200
     marft list-envs | list-algos
+    marft leaderboard --suite arith --limit 83 --checkpoint duo-grpo=runs/duo-grpo --out runs/leaderboard
     marft quickstart [--out runs/quickstart] [--minutes 6]
 
 Every field of the chosen algorithm's config is also a flag (``--group-size 8``);
@@ -43,6 +44,9 @@ def _die(msg: str) -> typing.NoReturn:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``marft`` parser with one sub-parser per command (``train`` takes more flags, see :func:`build_config`)."""
+    from marft_algos.leaderboard import add_arguments as add_leaderboard_arguments
+
     p = argparse.ArgumentParser(prog="marft", description="Multi-agent reinforcement fine-tuning of LLM teams.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -73,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list-envs", help="list registered environments")
     sub.add_parser("list-algos", help="list registered algorithms")
+
+    lb = sub.add_parser(
+        "leaderboard",
+        help="accuracy of teams, checkpoints and majority-vote baselines on env suites; --compare: what moved per agent",
+        description="Leaderboard: systems x env suites with fixed seeds -> Markdown table, CSV and plot "
+        "(the same as benchmarks/leaderboard.py; see benchmarks/README.md).",
+    )
+    add_leaderboard_arguments(lb)  # one set of options for the CLI and the script
 
     p.train_parser = t  # type: ignore[attr-defined]  (for `train --help` with algorithm options)
 
@@ -142,12 +154,14 @@ def build_config(args: argparse.Namespace, extra: list[str]) -> Any:
 
 
 def _check_env(env_id: str) -> None:
+    """Fail early on an unknown env id (with a did-you-mean), before any model loads."""
     import marft_envs
 
     marft_envs.spec(env_id)  # raises NameNotFound / VersionNotFound with a suggestion
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    """``marft train``: build the config, train (or resume) and save into ``--out``."""
     from marft_algos.trainer import get_algorithm
 
     if args.help:
@@ -180,6 +194,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """``marft eval``: accuracy of a checkpoint, or of the untrained ``--model``, on problems 0..n-1."""
     from marft_algos.evaluation import evaluate, evaluate_checkpoint
 
     kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed)
@@ -203,6 +218,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_list_envs() -> int:
+    """``marft list-envs``: the env registry, one id per line."""
     import marft_envs
 
     marft_envs.pprint_registry()
@@ -210,6 +226,7 @@ def cmd_list_envs() -> int:
 
 
 def cmd_list_algos() -> int:
+    """``marft list-algos``: registered algorithms and their one-line descriptions."""
     from marft_algos.trainer import list_algorithms
 
     for spec in list_algorithms():
@@ -276,9 +293,10 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.checkpoint import CheckpointError
     from marft_algos.config import ConfigError
+    from marft_algos.leaderboard import LeaderboardError
     from marft_algos.trainer import UnknownAlgorithmError
 
-    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError]
+    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, LeaderboardError]
     try:
         import marft_envs
 
@@ -289,6 +307,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``marft`` command; returns the exit status (2 for bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -304,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list_envs()
         if args.command == "list-algos":
             return cmd_list_algos()
+        if args.command == "leaderboard":
+            from marft_algos.leaderboard import run as run_leaderboard
+
+            return run_leaderboard(args)
         if args.command == "quickstart":
             return cmd_quickstart(args)
     except user_errors as e:

@@ -38,6 +38,10 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+_FP16_NAMES = frozenset({"fp16", "float16", "half"})
+_DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp32", "float32", "float"})
+
+
 @dataclass
 class TrainConfig:
     """Settings shared by all trainers (environment, model, optimisation, logging)."""
@@ -53,9 +57,9 @@ class TrainConfig:
     mode: str = field(default="lora", metadata={"help": "'lora' (one adapter per agent), 'shared' (one adapter for all agents) or 'full' fine-tuning."})
     lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout; must be 0 for training (log-probs are computed without dropout, like the sampled ones)."})
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu', 'cuda', 'cuda:1', ..."})
-    dtype: str | None = field(default=None, metadata={"help": "Weights dtype (None = fp32 on CPU, bf16 with fp32 masters on GPU)."})
+    dtype: str | None = field(default=None, metadata={"help": "Compute dtype: None (fp32 on CPU, bf16 autocast with fp32 master weights on GPU), 'bf16' or 'fp32'; fp16 is refused (no loss scaling)."})
     max_context: int = field(default=2048, metadata={"help": "Max prompt+response tokens; longer prompts are counted (rollout/overlong) and not trained on."})
     sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {temperature, top_p, max_new_tokens, stop}} over the profile's train sampling."})
     eval_sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {...}} over the profile's eval sampling."})
@@ -106,6 +110,21 @@ class TrainConfig:
         _check(self.lora_r >= 1, f"lora_r must be >= 1, got {self.lora_r}")
         _check(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
         _check(self.max_minutes is None or self.max_minutes > 0, f"max_minutes must be > 0, got {self.max_minutes}")
+        # The sampler runs without dropout, so the new log-probs must too (else every PPO
+        # ratio and KL carries dropout-mask noise): a LoRA dropout would never be applied.
+        _check(
+            self.lora_dropout == 0,
+            f"lora_dropout must be 0 for RL training, got {self.lora_dropout}: log-probs are computed without dropout, "
+            "exactly like the sampled ones, so that the PPO ratio compares the same function",
+        )
+        if self.dtype is not None:
+            key = str(self.dtype).lower().removeprefix("torch.")
+            _check(
+                key not in _FP16_NAMES,
+                f"dtype {self.dtype!r} is not supported for training: fp16 needs loss scaling, which the trainers do not do; "
+                "use dtype='bf16' (the default on GPUs; same range as fp32, no scaler needed) or 'fp32'",
+            )
+            _check(key in _DTYPE_NAMES, f"unknown dtype {self.dtype!r}; use one of {sorted(_DTYPE_NAMES)} or None")
         for name in ("sampling_overrides", "eval_sampling_overrides"):
             for agent, sp in getattr(self, name).items():
                 _check(isinstance(sp, dict), f"{name}[{agent!r}] must be a dict of sampling settings")
@@ -157,7 +176,7 @@ class GRPOConfig(TrainConfig):
     dynamic_sampling: bool = field(default=False, metadata={"help": "DAPO dynamic sampling: drop groups whose rewards are all equal and resample."})
     max_resample_tries: int = field(default=3, metadata={"help": "Extra collection rounds to fill the batch when dynamic sampling drops groups."})
     loss_agg: str = field(default="token", metadata={"help": "'token' (mean over all tokens of the batch) or 'sequence' (mean per sequence, then over sequences)."})
-    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled); 0 disables it."})
+    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
 
     algo: typing.ClassVar[str] = "grpo"
 
@@ -172,7 +191,6 @@ class GRPOConfig(TrainConfig):
         _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
         _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
         _check(self.max_resample_tries >= 0, f"max_resample_tries must be >= 0, got {self.max_resample_tries}")
-        _check(not (self.beta > 0 and self.mode == "full"), "beta > 0 needs a reference policy: with mode='full' there are no adapters to disable")
 
 
 @dataclass
@@ -195,7 +213,7 @@ class IPPOConfig(TrainConfig):
     value_loss: str = field(default="mse", metadata={"help": "'mse' or 'huber'."})
     value_clip: float | None = field(default=None, metadata={"help": "Clip value predictions around the rollout values (None = off)."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
-    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy; 0 disables it."})
+    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
 
     algo: typing.ClassVar[str] = "ippo"
 

@@ -246,6 +246,7 @@ class Trainer(ABC):
         self.history: list[dict[str, float]] = []
         # Minibatch order has its own generator so that sampling noise elsewhere cannot shift it.
         self.np_rng = np.random.default_rng(config.seed + 1)
+        self.check_policy()
         self.setup()
         self.optimizers = self.build_optimizers()
         self.schedulers = self.build_schedulers()
@@ -289,6 +290,18 @@ class Trainer(ABC):
             for p in self.policy.trainable_parameters(role):
                 return p.device
         return torch.device("cpu")
+
+    def check_policy(self) -> None:
+        """Reject a policy that cannot serve this config (raises :class:`ConfigError`)."""
+        from marft_algos.config import ConfigError
+
+        if self.needs_reference() and getattr(self.policy, "mode", None) == "full":
+            bases = getattr(self.policy, "_base", None)
+            if bases is not None and any(bases(a).reference is None for a in self.agents):
+                raise ConfigError(
+                    "beta > 0 with mode='full' needs the frozen reference copy of the base (TeamPolicy(full_reference=True), "
+                    "the default of make_policy)"
+                )
 
     def setup(self) -> None:  # noqa: B027  (optional hook)
         """Hook: build extra modules (value heads, critic) before optimizers are built."""
@@ -358,39 +371,71 @@ class Trainer(ABC):
         """Optimizers stepped by one minibatch of ``agent`` (extend for value heads / critic)."""
         return [agent]
 
-    def needs_old_logprobs_pass(self) -> bool:
-        """Old log-probs need their own no-grad pass unless each sample is seen exactly once."""
-        return self.config.ppo_epochs > 1 or self.config.num_minibatches > 1
+    def sampler_logprobs_exact(self) -> bool:
+        """Can the sampler's log-probs serve as the old (behaviour) log-probs?
+
+        Yes when the policy computes in fp32: the KV-cached decode and the training forward
+        then agree to ~3e-6 per token (measured on the tiny model, mixed-adapter batches).
+        Under bf16/fp16 autocast (CUDA) they differ by up to ~2e-2 per token, which would
+        put rounding noise into every ratio and KL: those runs recompute the old log-probs
+        with the training forward instead (one no-grad pass per step).
+        """
+        pol = self.policy
+        dtype = getattr(pol, "compute_dtype", None)
+        device = getattr(pol, "device", None)
+        if dtype is None or device is None:
+            return False  # an unknown policy: recompute, which is always consistent
+        return torch.device(device).type != "cuda" or dtype == torch.float32
 
     def needs_reference(self) -> bool:
+        """Reference log-probs are needed when the KL penalty to the reference is on."""
         return float(getattr(self.config, "beta", 0.0)) > 0
 
     def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        """Compute old (and reference) log-probs on the sampled tokens, before any update.
+        """Old (behaviour) and reference log-probs of every trainable action, before any update.
 
-        With one epoch and one minibatch the current log-probs detached ARE the old ones
-        (the ratio is 1 at the first gradient), so this pass is skipped: it saves a forward.
+        Old log-probs are those of the policy that SAMPLED the actions: the sampler's own
+        log-probs (same tokens, same context, same temperature; see
+        :meth:`sampler_logprobs_exact`) or, under reduced-precision autocast, a no-grad
+        recomputation done here, before the first optimizer step of this update. Either way
+        the ratio measures how far the policy moved since the rollout: at the defaults
+        (one epoch, one minibatch) it is 1 for an agent whose own adapter has not stepped
+        yet, but not for the second agent of a shared adapter (``mode="shared"``/``"full"``),
+        whose parameters the first agent's step already moved, nor when anything changed
+        the policy between rollout and update; the KL cut and the KL-spike detector see it.
+        A transition that already carries ``extras["old_logp"]`` keeps it.
         """
-        need_old, need_ref = self.needs_old_logprobs_pass(), self.needs_reference()
-        if not (need_old or need_ref):
-            return
+        use_sampler = self.sampler_logprobs_exact()
+        need_ref = self.needs_reference()
         with torch.no_grad():
             for agent in self.agents:
                 trs = batch.agent_transitions(agent)
-                for s in range(0, len(trs), chunk):
-                    part = trs[s : s + chunk]
-                    prompts = [t.prompt_ids for t in part]
-                    responses = [t.response_ids for t in part]
-                    temp = self.temperature_of(part)
-                    if need_old:
-                        self.policy.set_train_role(agent)
-                        stats = self.policy.sequence_logprobs(agent, prompts, responses, temperature=temp)
+                todo: list[Transition] = []
+                for t in trs:
+                    if "old_logp" in t.extras:
+                        continue
+                    if use_sampler and len(t.old_logprobs) == len(t.response_ids):
+                        t.extras["old_logp"] = [float(x) for x in t.old_logprobs]
+                    else:
+                        todo.append(t)
+                if todo:
+                    self.policy.set_train_role(agent)
+                    for s in range(0, len(todo), chunk):
+                        part = todo[s : s + chunk]
+                        stats = self.policy.sequence_logprobs(
+                            agent, [t.prompt_ids for t in part], [t.response_ids for t in part], temperature=self.temperature_of(part)
+                        )
                         for t, lp, m in zip(part, stats.logprobs, stats.mask, strict=True):
                             t.extras["old_logp"] = lp[m.bool()].float().cpu().tolist()
-                    if need_ref:
-                        ref = self.policy.sequence_logprobs(agent, prompts, responses, temperature=temp, reference=True)
-                        for t, lp, m in zip(part, ref.logprobs, ref.mask, strict=True):
-                            t.extras["ref_logp"] = lp[m.bool()].float().cpu().tolist()
+                if not need_ref:
+                    continue
+                for s in range(0, len(trs), chunk):
+                    part = trs[s : s + chunk]
+                    ref = self.policy.sequence_logprobs(
+                        agent, [t.prompt_ids for t in part], [t.response_ids for t in part], temperature=self.temperature_of(part), reference=True
+                    )
+                    for t, lp, m in zip(part, ref.logprobs, ref.mask, strict=True):
+                        t.extras["ref_logp"] = lp[m.bool()].float().cpu().tolist()
 
     @staticmethod
     def temperature_of(transitions: Sequence[Transition]) -> float:
@@ -418,8 +463,12 @@ class Trainer(ABC):
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
     def old_logprobs(self, mb: list[Transition], stats: Any) -> torch.Tensor:
-        """Old log-probs [B, T] aligned with ``stats.logprobs``."""
-        if "old_logp" in mb[0].extras:
+        """Old (behaviour) log-probs [B, T] aligned with ``stats.logprobs`` (see :meth:`prepare_update`).
+
+        A minibatch that bypassed :meth:`prepare_update` falls back to the current
+        log-probs, detached (ratio 1).
+        """
+        if all("old_logp" in t.extras for t in mb):
             return pad_sequences([t.extras["old_logp"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
         return stats.logprobs.detach()
 

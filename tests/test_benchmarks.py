@@ -1,13 +1,16 @@
 """Smoke tests of the benchmark scripts on the tiny random model.
 
 Each script runs end to end with minimal settings and writes its table, CSV and plot
-with the expected columns. Runs that take more than ~30 s are marked ``slow``.
+with the expected columns. Runs that take more than ~30 s are marked ``slow``. The
+leaderboard lives in the package (``marft_algos.leaderboard``, also ``marft leaderboard``);
+``benchmarks/leaderboard.py`` is a thin script around it.
 """
 
 from __future__ import annotations
 
 import csv
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -28,7 +31,9 @@ def _load(name: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def lb() -> ModuleType:
-    return _load("leaderboard")
+    import marft_algos.leaderboard
+
+    return marft_algos.leaderboard
 
 
 def _csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -84,15 +89,56 @@ def test_suites_are_data_and_extensible(lb: ModuleType) -> None:
         lb.SUITES.pop("mine", None)
 
 
+def test_script_is_a_thin_wrapper_of_the_package(lb: ModuleType) -> None:
+    script = _load("leaderboard")
+    assert script.main is lb.main and script.SUITES is lb.SUITES and script.run_samples is lb.run_samples
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "leaderboard.py"), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "usage: benchmarks/leaderboard.py" in proc.stdout and "--compare" in proc.stdout
+
+
+def test_cli_has_the_leaderboard_options(lb: ModuleType) -> None:
+    from marft_algos.cli import build_parser
+
+    cli = build_parser()
+    sub = next(a for a in cli._actions if a.__class__.__name__ == "_SubParsersAction").choices["leaderboard"]
+    flags = {f for a in sub._actions for f in a.option_strings}
+    assert flags == {f for a in lb.build_parser()._actions for f in a.option_strings}
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], (0.7, 0.0)),  # leaderboard samples at 0.7; the regression view is greedy
+        (["--temperature", "0.7"], (0.7, 0.7)),
+        (["--temperature=0.7"], (0.7, 0.7)),  # an explicit 0.7 keeps sampling in --compare too
+        (["--temperature=0"], (0.0, 0.0)),
+        (["--temperature=-1"], (None, None)),  # the profiles' own settings
+    ],
+)
+def test_temperature_default_is_decided_by_the_parser(lb: ModuleType, argv: list[str], expected: tuple) -> None:
+    args = lb.build_parser().parse_args(argv)
+    assert (lb._eval_kwargs(args)["temperature"], lb._eval_kwargs(args, default_temperature=0.0)["temperature"]) == expected
+
+
+def test_bad_leaderboard_input_is_one_line(lb: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert lb.main(["--suite", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown suite 'nope'" in capsys.readouterr().err
+    assert lb.main(["--env", "echo-duo-v0", "--env-kwargs", "echo-duo-v0={bad", "--out", str(tmp_path / "x")]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------
 # end to end on the tiny model
 # --------------------------------------------------------------------------------------
 
 
 def test_leaderboard_end_to_end(lb: ModuleType, tmp_path: Path) -> None:
+    from marft_algos.cli import main as marft
+
     out = tmp_path / "lb"
-    rc = lb.main(["--model", "tiny-random", "--suite", "arith", "--teams", "solo,duo", "--limit", "2", "--k", "2",
-                  "--max-new-tokens", "4", "--env", "echo-duo-v0", "--out", str(out)])
+    rc = marft(["leaderboard", "--model", "tiny-random", "--suite", "arith", "--teams", "solo,duo", "--limit", "2", "--k", "2",
+                "--max-new-tokens", "4", "--env", "echo-duo-v0", "--out", str(out)])
     assert rc == 0
     for name in ("leaderboard.md", "leaderboard.csv", "leaderboard.png", "leaderboard.json", "samples.jsonl"):
         assert (out / name).is_file(), name
@@ -135,6 +181,11 @@ def test_leaderboard_compare_and_checkpoint(lb: ModuleType, tmp_path: Path) -> N
         for m in ("tokens", "format_error", "agrees_with_predecessor", "action_changed"):
             assert (agent, m) in metrics
     assert ("team", "accuracy") in metrics
+    assert "temperature 0.0" in (out / "compare.md").read_text()  # greedy by default
+    out_t = tmp_path / "cmp-t"
+    assert lb.main(["--model", "tiny-random", "--compare", "untrained", "untrained", "--env", "arith-duo-v0", "--limit", "1",
+                    "--max-new-tokens", "2", "--temperature=0.7", "--out", str(out_t)]) == 0
+    assert "temperature 0.7" in (out_t / "compare.md").read_text()
     out2 = tmp_path / "lb"
     lb.main(["--model", "tiny-random", "--suite", "arith", "--teams", "duo", "--no-majority", "--limit", "2",
              "--max-new-tokens", "4", "--checkpoint", f"mine={run}", "--out", str(out2)])

@@ -75,6 +75,8 @@ def test_algorithm_flags_and_config_file(tmp_path):
         (["train", "--env", "echo-duo-v0", "--grup-size", "4"], "did you mean '--group-size'"),
         (["train", "--env", "echo-duo-v0", "--set", "lr_per_agent.narrator=0.1"], "unknown agents"),
         (["eval", "--checkpoint", "/nonexistent/run"], "no complete checkpoint"),
+        (["leaderboard", "--suite", "arith-duo", "--out", "/nonexistent/lb"], "unknown suite 'arith-duo'"),
+        (["leaderboard", "--env", "ecoh-duo-v0", "--out", "/nonexistent/lb"], "echo-duo"),
     ],
 )
 def test_bad_input_is_a_clear_error(argv, expect, capsys):
@@ -89,3 +91,18 @@ def test_listings(capsys):
     assert "grpo" in out and "ippo" in out
     assert main(["list-envs"]) == 0
     assert "echo-duo-v0" in capsys.readouterr().out
+
+
+def test_every_command_has_help(capsys):
+    from marft_algos.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert {"train", "eval", "list-envs", "list-algos", "leaderboard", "quickstart"} <= set(subs.choices)
+    for name in subs.choices:
+        if name == "train":
+            continue  # its -h is its own flag (algorithm options), tested by the docs build
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0
+        assert f"usage: marft {name}" in capsys.readouterr().out

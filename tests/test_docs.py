@@ -112,7 +112,7 @@ def test_cli_page_lists_every_subcommand_and_algorithm(site):
     page = _text((site / "cli" / "index.html").read_text(encoding="utf-8"))
     parser = build_parser()
     subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert {"train", "eval", "list-envs", "list-algos"} <= set(subparsers.choices)
+    assert {"train", "eval", "list-envs", "list-algos", "leaderboard", "quickstart"} <= set(subparsers.choices)
     for name, sub in subparsers.choices.items():
         assert f"marft {name}" in page, name
         for action in sub._actions:

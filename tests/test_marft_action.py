@@ -33,9 +33,9 @@ ONE_TOKEN = {"speaker": {"max_new_tokens": 1}, "listener": {"max_new_tokens": 1}
 AGENTS = ("speaker", "listener")
 
 
-def letter_policy(roles=AGENTS, bias: float = 8.0, seed: int = 0) -> TeamPolicy:
+def letter_model(bias: float = 8.0, seed: int = 0, **model_kw):
     """Tiny random Llama whose lm_head adds ``bias`` to the logits of the vocabulary letters."""
-    model, tok = build_tiny_model(seed=seed)
+    model, tok = build_tiny_model(seed=seed, **model_kw)
     head = model.lm_head
     new = torch.nn.Linear(head.in_features, head.out_features, bias=True)
     with torch.no_grad():
@@ -44,7 +44,12 @@ def letter_policy(roles=AGENTS, bias: float = 8.0, seed: int = 0) -> TeamPolicy:
         for w in VOCAB:
             new.bias[tok.convert_tokens_to_ids(w)] = bias
     model.lm_head = new
-    return TeamPolicy(list(roles), base=(model, tok), seed=seed)
+    return model, tok
+
+
+def letter_policy(roles=AGENTS, bias: float = 8.0, seed: int = 0, **kw) -> TeamPolicy:
+    """A team on one :func:`letter_model` (``kw``: TeamPolicy options, e.g. ``mode``)."""
+    return TeamPolicy(list(roles), base=letter_model(bias, seed), seed=seed, **kw)
 
 
 def echo_kwargs(**kw):
@@ -128,10 +133,15 @@ def test_config_rejects_bad_combinations_with_a_reason():
         tiny_config(eps_low=0.3, eps_high=0.2)
     with pytest.raises(ConfigError, match="kl_threshold"):
         tiny_config(kl_threshold=0.0)
-    with pytest.raises(ConfigError, match="reference policy"):
-        tiny_config(beta=0.1, mode="full")
     with pytest.raises(ConfigError, match="value_loss"):
         tiny_config(value_loss="l1")
+    with pytest.raises(ConfigError, match="one adapter per agent"):
+        tiny_config(agent_by_agent=True, mode="shared")
+    with pytest.raises(ConfigError, match="use dtype='bf16'"):
+        tiny_config(dtype="fp16")
+    with pytest.raises(ConfigError, match="lora_dropout must be 0"):
+        tiny_config(lora_dropout=0.1)
+    tiny_config(beta=0.1, mode="full")  # full mode has a frozen reference copy: allowed
     tiny_config(eps_low=0.2, eps_high=0.28, kl_threshold=1e-3, agent_by_agent=True, agent_interval=2)
 
 
@@ -253,6 +263,80 @@ def test_kl_hard_cut_skips_the_policy_step_not_the_critic_and_logs_per_agent():
         assert m[f"agent/{a}/kl_cuts"] == 1
     assert t.optimizer_steps["critic"] == 4  # 2 epochs x 2 agents: the critic never stops
     assert m["train/kl_cuts"] == 2
+
+
+def test_old_logprobs_are_the_sampled_ones():
+    """fp32: the sampler's log-probs are the behaviour policy's (no extra forward); they
+    match the training forward, so an unmoved policy has ratio 1 and KL ~ 0."""
+    t = MARFTActionTrainer(tiny_config(), policy=letter_policy())
+    assert t.sampler_logprobs_exact()
+    batch = t.collect()
+    t.compute_advantages(batch)
+    t.prepare_update(batch)
+    trs = [x for x in batch.transitions if x.trainable]
+    assert trs and all(x.extras["old_logp"] == x.old_logprobs for x in trs)
+    m = t.update(batch)
+    for a in t.agents:
+        assert m[f"agent/{a}/kl"] < 1e-9 and m[f"agent/{a}/action_kl"] < 1e-9
+        assert m[f"agent/{a}/ratio_max"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_kl_cut_fires_at_default_epochs_when_the_policy_moved_since_the_rollout():
+    # one epoch, one minibatch (the MARFT defaults): the "old" log-probs are those of the
+    # rollout policy, so a policy that moved between rollout and update is caught
+    t = MARFTActionTrainer(tiny_config(kl_threshold=1e-3), policy=letter_policy())
+    assert t.config.ppo_epochs == 1 and t.config.num_minibatches == 1
+    batch = t.collect()
+    t.compute_advantages(batch)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in t.policy.trainable_parameters("speaker"):
+            p.add_(torch.randn(p.shape, generator=g))
+    m = t.update(batch)
+    assert m["agent/speaker/action_kl"] > 1e-3 and m["agent/speaker/kl_cut"] == 1.0
+    assert t.counters["agent/speaker/kl_cuts"] == 1 and t.optimizer_steps["speaker"] == 0
+    assert m["agent/listener/kl_cut"] == 0.0 and t.optimizer_steps["listener"] == 1  # its adapter did not move
+    assert t.optimizer_steps["critic"] == 2
+
+
+@pytest.mark.parametrize("mode, source", [("shared", "sampler"), ("full", "sampler"), ("shared", "recomputed")])
+def test_shared_parameters_second_agent_sees_the_first_agents_step(mode, source):
+    # one adapter (or model) for both agents: the listener's old log-probs are from the
+    # rollout, i.e. from before the speaker's step moved the shared parameters; under
+    # bf16/fp16 autocast they are recomputed, still before any optimizer step
+    t = MARFTActionTrainer(tiny_config(mode=mode, kl_threshold=1e-6, lr=0.05, logprob_norm="sum"), policy=letter_policy(mode=mode))
+    if source == "recomputed":
+        t.sampler_logprobs_exact = lambda: False
+    passes = []
+    real = t.policy.sequence_logprobs
+
+    def counting(*a, **kw):
+        passes.append(torch.is_grad_enabled())
+        return real(*a, **kw)
+
+    t.policy.sequence_logprobs = counting
+    m = t.train_step()
+    assert passes.count(False) == (2 if source == "recomputed" else 0)  # old-log-prob passes, one per agent
+    assert m["agent/speaker/kl_cut"] == 0.0 and m["agent/speaker/kl"] < 1e-9
+    assert m["agent/listener/kl"] > 1e-6 and m["agent/listener/kl_cut"] == 1.0
+    assert t.counters["agent/listener/kl_cuts"] == 1
+
+
+def test_agent_by_agent_rejects_agents_that_share_parameters():
+    with pytest.raises(ConfigError, match="share"):
+        MARFTActionTrainer(tiny_config(agent_by_agent=True, mode="full"), policy=letter_policy(mode="full"))
+    with pytest.raises(ConfigError, match="share"):
+        MARFTActionTrainer(tiny_config(agent_by_agent=True), policy=letter_policy(adapters={"speaker": "x", "listener": "x"}))
+
+
+def test_kl_penalty_to_the_frozen_reference_in_full_mode():
+    t = MARFTActionTrainer(tiny_config(mode="full", beta=0.1, lr=0.01), policy=letter_policy(mode="full"))
+    first = t.train_step()
+    second = t.train_step()
+    assert first["agent/speaker/ref_kl"] < 1e-9  # nothing has moved yet
+    assert first["agent/listener/ref_kl"] > 0  # one model: the speaker's step moved it
+    for a in t.agents:
+        assert second[f"agent/{a}/ref_kl"] > 0
 
 
 def test_critic_lora_trains_its_own_adapter_and_not_the_policy_base():

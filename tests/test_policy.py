@@ -235,6 +235,22 @@ def test_reference_disables_adapters(policy):
     assert not torch.allclose(ref.logprobs, pol.logprobs, atol=1e-3)
 
 
+def test_logprobs_are_computed_without_dropout_unless_asked():
+    # the sampler never applies dropout: training log-probs must not either, or the PPO
+    # ratio of an unmoved policy would be dropout noise instead of 1
+    pol = TeamPolicy(["a"], base="tiny-random", lora=LoraSettings(dropout=0.5))
+    _perturb(pol, scale=0.3)
+    p, r = [[257, 10, 65, 66]], [[67, 68, 69, 70]]
+    with_grad = pol.sequence_logprobs("a", p, r).logprobs
+    assert with_grad.requires_grad
+    with torch.no_grad():
+        plain = pol.sequence_logprobs("a", p, r).logprobs
+        noisy = pol.sequence_logprobs("a", p, r, dropout=True).logprobs
+    assert torch.equal(with_grad.detach(), plain)
+    assert not torch.allclose(noisy, plain, atol=1e-4)
+    assert not pol.model("a").training  # the mode is restored
+
+
 def test_empty_responses_give_empty_stats(policy):
     st = policy.sequence_logprobs("planner", [[1, 2], [3]], [[], []])
     assert st.logprobs.shape == (2, 0) and st.mask.shape == (2, 0)

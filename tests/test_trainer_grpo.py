@@ -148,7 +148,10 @@ def test_config_validation():
         tiny_config(sampling_overrides={"speaker": {"temprature": 0.5}})
     with pytest.raises(ConfigError, match="unknown agents"):
         GRPOTrainer(tiny_config(sampling_overrides={"reasoner": {"temperature": 0.5}}), policy=object())
+    with pytest.raises(ConfigError, match="fp16 needs loss scaling"):
+        tiny_config(dtype="float16")
     tiny_config(eps_low=0.2, eps_high=0.28, dynamic_sampling=True)  # DAPO settings are fine
+    tiny_config(beta=0.1, mode="full")  # the reference is the frozen initial copy
 
 
 def test_kl_to_reference_is_logged_when_beta_positive():

@@ -110,6 +110,7 @@ def test_config_validation():
         tiny_config(value_loss="l1")
     with pytest.raises(ConfigError, match="unknown agents"):
         IPPOTrainer(tiny_config(lr_per_agent={"speaker": 1e-3, "narrator": 1e-3}), policy=object())
+    tiny_config(beta=0.1, mode="full")  # as GRPO and MARFT: the reference is the frozen initial copy
 
 
 def test_value_heads_train_and_are_per_agent():

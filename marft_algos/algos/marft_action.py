@@ -65,7 +65,7 @@ class MARFTConfig(TrainConfig):
     eps_low: float = field(default=0.2, metadata={"help": "Lower PPO clip range (ratio >= 1 - eps_low)."})
     eps_high: float = field(default=0.2, metadata={"help": "Upper PPO clip range (ratio <= 1 + eps_high); > eps_low is DAPO clip-higher."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
-    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled); 0 disables it."})
+    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
     kl_threshold: float | None = field(default=None, metadata={"help": "KL hard cut: skip an agent's policy step when approx KL(old || new) exceeds this (the reference hard-coded 1e-3); None disables it."})
     # --- critic --------------------------------------------------------------------
     critic_per_agent: bool = field(default=False, metadata={"help": "One value head per agent instead of one shared critic."})
@@ -105,7 +105,6 @@ class MARFTConfig(TrainConfig):
         _check(self.eps_high >= self.eps_low, f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low})")
         _check(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}")
         _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        _check(not (self.beta > 0 and self.mode == "full"), "beta > 0 needs a reference policy: with mode='full' there are no adapters to disable")
         _check(self.kl_threshold is None or self.kl_threshold > 0, f"kl_threshold must be > 0 or None, got {self.kl_threshold}")
         _check(self.critic_lr > 0, f"critic_lr must be > 0, got {self.critic_lr}")
         _check(self.critic_warmup_steps >= 0, f"critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
@@ -114,6 +113,11 @@ class MARFTConfig(TrainConfig):
         _check(self.value_clip is None or self.value_clip > 0, f"value_clip must be > 0 or None, got {self.value_clip}")
         _check(self.vf_coef > 0, f"vf_coef must be > 0, got {self.vf_coef}")
         _check(self.agent_interval >= 1, f"agent_interval must be >= 1, got {self.agent_interval}")
+        _check(
+            not (self.agent_by_agent and self.mode == "shared"),
+            "agent_by_agent needs one adapter per agent: with mode='shared' every agent's policy is the one shared "
+            "adapter, so a step on one agent's data moves all agents and the schedule would not hold the others fixed",
+        )
         _check(0 < self.recovery_lr_factor <= 1, f"recovery_lr_factor must be in (0, 1], got {self.recovery_lr_factor}")
         _check(self.recovery_every >= 1, f"recovery_every must be >= 1, got {self.recovery_every}")
         _check(self.recovery_max_rollbacks >= 0, f"recovery_max_rollbacks must be >= 0, got {self.recovery_max_rollbacks}")
@@ -168,6 +172,13 @@ class MARFTTrainerBase(Trainer):
         self._active: set[str] = set()
         self.lr_scale = 1.0
         super().__init__(config, **kwargs)
+        if config.agent_by_agent:
+            shared = [a for a in self.agents if any(b != a and self.optimizers[b] is self.optimizers[a] for b in self.agents)]
+            if shared:
+                raise ConfigError(
+                    f"agent_by_agent needs separate parameters per agent, but {shared} share theirs (mode={config.mode!r} or "
+                    "profiles naming one adapter): a step on one agent's data would move the others too"
+                )
         self.recovery = None
         if config.recovery:
             from marft_algos.recovery import CollapseRecovery

@@ -561,6 +561,7 @@ class TeamPolicy:
         *,
         temperature: float = 1.0,
         reference: bool = False,
+        dropout: bool = False,
     ) -> TokenStats:
         """Log-probs and entropies of ``response_ids`` given ``prompt_ids`` under ``role``.
 
@@ -568,6 +569,11 @@ class TeamPolicy:
         responses right-padded), with grad unless called under ``torch.no_grad()``.
         ``reference=True`` evaluates the reference policy: the base with adapters disabled
         (lora/shared) or the frozen initial copy (full), always without grad.
+
+        Dropout (LoRA dropout, and any dropout of the base model) is off unless
+        ``dropout=True``: the sampler runs without it, so a PPO ratio between these
+        log-probs and the sampled ones compares the same deterministic function (a forward
+        with dropout would put mask noise into every ratio and KL).
 
         Returns:
             :class:`TokenStats` with ``[B, T]`` tensors, ``T`` = longest response; the
@@ -590,7 +596,7 @@ class TeamPolicy:
                     with self._adapter(b, None, disabled=True), self._mode(b.model, False):
                         logits = b.model(**kwargs).logits
         else:
-            with self._autocast(), self._mode(b.model, torch.is_grad_enabled()):
+            with self._autocast(), self._mode(b.model, dropout):
                 if self.mode == "full":
                     logits = b.model(**kwargs).logits
                 else:
