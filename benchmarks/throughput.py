@@ -25,11 +25,13 @@ same machine load (on a shared CPU only the ratios are meaningful):
    bytes, optimizer-state bytes).
 3. ``bandwidth``: the decode memory-bandwidth bound of the model vs measured decode
    tokens/s of marft's generation. Every decode step reads every weight once (tied
-   embeddings counted once), so a step takes at least ``W / BW`` seconds, W = unique
-   parameter bytes, BW = measured read bandwidth (a large fp32 ``sum``); with ``s``
-   decode steps producing ``n`` tokens the bound is ``n / (s * W / BW)`` tokens/s
-   (KV-cache reads are reported separately, small at these lengths). The prefill is
-   excluded by subtracting a 1-token generation of the same batch.
+   embeddings counted once) and the KV cache of every row, so a step takes at least
+   ``(W + KV) / BW`` seconds: W = unique parameter bytes, KV = batch x mean context x
+   the KV bytes per token (2 x layers x KV heads x head dim x the element size of the
+   model's dtype), BW = measured read bandwidth (a large fp32 ``sum``). With ``s``
+   decode steps producing ``n`` tokens the bound is ``n / (s * (W + KV) / BW)`` tokens/s;
+   the KV part is also listed on its own (``kv_mb_per_step``). The prefill is excluded
+   by subtracting a 1-token generation of the same batch.
 
 Outputs: ``throughput.md``, ``throughput.json``, ``grpo_vs_trl.csv``, ``scaling.csv``,
 ``bandwidth.csv`` and ``throughput.png`` in ``--out``.
@@ -177,8 +179,15 @@ def run_grpo_vs_trl(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], bias="none", task_type="CAUSAL_LM")
     trl = TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok, peft_config=lora)
 
-    # Instrument TRL: generation time and generated tokens of each step.
-    probe: dict[str, float] = {"gen_s": 0.0, "tokens": 0.0}
+    # Instrument TRL: generation time and generated tokens of each step. These are private
+    # methods (checked with TRL 1.16): a TRL that renamed or bypassed them must make this
+    # benchmark fail, not report a generation time of 0.
+    import trl as trl_pkg
+
+    for name in ("_generate", "_generate_and_score_completions"):
+        if not callable(getattr(trl, name, None)):
+            raise RuntimeError(f"TRL {trl_pkg.__version__}: GRPOTrainer.{name} is gone; update the instrumentation in {__file__}")
+    probe: dict[str, float] = {"gen_s": 0.0, "tokens": 0.0, "gen_calls": 0, "score_calls": 0}
     gen, score = trl._generate, trl._generate_and_score_completions
 
     def timed_generate(*a: Any, **k: Any) -> Any:
@@ -187,10 +196,12 @@ def run_grpo_vs_trl(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
             return gen(*a, **k)
         finally:
             probe["gen_s"] += time.perf_counter() - t0
+            probe["gen_calls"] += 1
 
     def counted_score(*a: Any, **k: Any) -> Any:
         out = score(*a, **k)
         probe["tokens"] += float(out["completion_mask"].sum())
+        probe["score_calls"] += 1
         return out
 
     trl._generate = timed_generate
@@ -198,20 +209,30 @@ def run_grpo_vs_trl(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
     rows: list[dict[str, Any]] = []
 
     class Interleave(TrainerCallback):
+        """Times each TRL step and runs the marft steps between TRL steps (same load)."""
+
         def __init__(self) -> None:
             self.rep = 0
             self.mem: PeakMemory | None = None
             self.t0 = 0.0
 
         def on_step_begin(self, *a: Any, **k: Any) -> None:
-            probe.update(gen_s=0.0, tokens=0.0)
+            """Reset the TRL probes; start the step's clock and memory sampling."""
+            probe.update(gen_s=0.0, tokens=0.0, gen_calls=0, score_calls=0)
             self.mem = PeakMemory().__enter__()
             self.t0 = time.perf_counter()
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
+            """Record the TRL step, then run one marft solo and one marft duo step."""
             step_s = time.perf_counter() - self.t0
             assert self.mem is not None
             self.mem.__exit__(None, None, None)
+            if not probe["gen_calls"] or not probe["score_calls"]:
+                raise RuntimeError(
+                    f"TRL {trl_pkg.__version__} ran a training step without calling the instrumented "
+                    f"_generate ({int(probe['gen_calls'])} calls) / _generate_and_score_completions "
+                    f"({int(probe['score_calls'])} calls): its generation time and tokens cannot be measured"
+                )
             tokens = probe["tokens"]
             rows.append({
                 "rep": self.rep, "system": "TRL GRPOTrainer solo", "step_s": step_s, "rollout_s": probe["gen_s"],
@@ -393,6 +414,7 @@ def _bandwidth(mb: int = 512, reps: int = 5) -> dict[str, float]:
 
 
 def run_bandwidth(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Measured decode tokens/s per batch size vs the memory-bandwidth bound; (rows, machine info)."""
     import marft_envs
     from marft_algos.models import GenRequest, SamplingParams, TeamPolicy
 
@@ -407,7 +429,10 @@ def run_bandwidth(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[
             weight_bytes += p.untyped_storage().nbytes()
     cfg = base.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_per_token = 2 * cfg.num_hidden_layers * getattr(cfg, "num_key_value_heads", cfg.num_attention_heads) * head_dim * 4
+    # the cache holds keys and values in the model's compute dtype (the dtype of its weights)
+    kv_dtype = next(p.dtype for p in base.parameters() if p.is_floating_point())
+    kv_elem = torch.empty((), dtype=kv_dtype).element_size()
+    kv_per_token = 2 * cfg.num_hidden_layers * getattr(cfg, "num_key_value_heads", cfg.num_attention_heads) * head_dim * kv_elem
     bw = _bandwidth(args.bandwidth_mb)
     print(f"[throughput] bandwidth: weights {weight_bytes / 1e6:.1f} MB per decode step, read {bw['read_gb_s']:.2f} GB/s, "
           f"copy {bw['copy_gb_s']:.2f} GB/s, matmul {bw['matmul_gflop_s']:.1f} GFLOP/s", flush=True)
@@ -445,7 +470,7 @@ def run_bandwidth(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[
         rows.append(best)
         print(f"[throughput] decode batch {B}: {best['measured_tok_s']:.1f} tok/s measured, bound {best['bound_tok_s']:.1f} tok/s "
               f"({best['fraction_of_bound']:.2f} of bound)", flush=True)
-    info = {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, **bw,
+    info = {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "kv_dtype": str(kv_dtype).replace("torch.", ""), **bw,
             "compute_bound_tok_s_per_row": bw["matmul_gflop_s"] * 1e9 / (2 * sum(p.numel() for p in base.parameters()))}
     return rows, info
 
@@ -496,6 +521,7 @@ def _plot(out: Path, grpo: list[dict[str, Any]], scaling: list[dict[str, Any]], 
 
 
 def write_report(out: Path, args: argparse.Namespace, res: dict[str, Any]) -> str:
+    """Write ``throughput.md`` from the sections that ran; returns its text."""
     parts = [f"# Throughput\n\nmodel `{args.model}`; versions: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items())]
     if res.get("grpo"):
         s = res["grpo_summary"]
@@ -521,6 +547,7 @@ def write_report(out: Path, args: argparse.Namespace, res: dict[str, Any]) -> st
             f"weights read per decode step W = {info['weight_bytes'] / 1e6:.1f} MB (unique parameter storage, tied embeddings once); "
             f"measured read bandwidth BW = {info['read_gb_s']:.2f} GB/s (fp32 sum over {args.bandwidth_mb} MB), copy {info['copy_gb_s']:.2f} GB/s; "
             f"matmul {info['matmul_gflop_s']:.1f} GFLOP/s (compute bound ~{info['compute_bound_tok_s_per_row']:.0f} tok/s). "
+            f"KV = batch x mean context x {info['kv_bytes_per_token']} bytes per token ({info['kv_dtype']} cache). "
             "bound = tokens / (decode steps x (W + KV) / BW).\n\n"
             + markdown_table(res["bandwidth"], BANDWIDTH_COLUMNS, digits=2)
         )
@@ -530,6 +557,7 @@ def write_report(out: Path, args: argparse.Namespace, res: dict[str, Any]) -> st
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Options of ``benchmarks/throughput.py``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--sections", default="grpo,scaling,bandwidth", help="comma list of grpo, scaling, bandwidth")
@@ -552,6 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the selected sections and write the report; exit status 0."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.memory_probe is not None:
         print("MEMPROBE " + json.dumps(memory_probe(args, args.memory_probe)), flush=True)

@@ -201,7 +201,29 @@ def test_throughput_bandwidth_section(tmp_path: Path) -> None:
     cols, rows = _csv(out / "bandwidth.csv")
     assert cols == tp.BANDWIDTH_COLUMNS and [r["batch"] for r in rows] == ["1", "2"]
     assert all(float(r["bound_tok_s"]) > 0 for r in rows)
-    assert (out / "throughput.png").is_file() and "memory-bandwidth bound" in (out / "throughput.md").read_text()
+    text = (out / "throughput.md").read_text()
+    assert (out / "throughput.png").is_file() and "memory-bandwidth bound" in text
+    info = __import__("json").loads((out / "throughput.json").read_text())["bandwidth_info"]
+    assert info["kv_dtype"] == "float32" and info["kv_bytes_per_token"] % 4 == 0  # the tiny model's own dtype
+
+
+def test_algo_steps_interleaved(tmp_path: Path) -> None:
+    ast_ = _load("algo_steps")
+    out = tmp_path / "as"
+    assert ast_.main(["--model", "tiny-random", "--reps", "1", "--num-envs", "4", "--group-size", "2",
+                      "--max-new-tokens", "2", "--set", "recovery=false", "--out", str(out)]) == 0
+    cols, rows = _csv(out / "algo_steps.csv")
+    assert cols == ast_.STEP_COLUMNS
+    algos = ["grpo", "ippo", "marft-action", "marft-token"]
+    assert [r["algo"] for r in rows] == algos + algos[1:] + algos[:1]  # interleaved, order rotated
+    assert all(float(r["wall_s"]) > 0 and float(r["rollout_s"]) > 0 and float(r["update_s"]) > 0 for r in rows)
+    assert all(r["episodes"] == "4.0" for r in rows)  # the same number of episodes per step
+    cols, summary = _csv(out / "algo_steps_summary.csv")
+    assert cols == ast_.SUMMARY_COLUMNS and summary[0]["algo"] == "grpo"
+    wall = {r["algo"]: r for r in summary if r["metric"] == "wall_s"}
+    assert set(wall) == set(algos) and float(wall["grpo"]["ratio_median"]) == 1.0
+    assert all(r["reps"] == "1" for r in summary)  # the warm-up repetition is dropped
+    assert (out / "algo_steps.png").is_file() and "ratio_median" in (out / "algo_steps.md").read_text()
 
 
 @pytest.mark.slow
