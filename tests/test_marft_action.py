@@ -253,6 +253,22 @@ def test_shared_critic_by_default_per_agent_option():
     assert not (heads["speaker"] & heads["listener"])
 
 
+@pytest.mark.parametrize("algo", ["action", "token"])
+def test_heterogeneous_team_with_the_default_shared_critic(algo):
+    # two bases of different hidden sizes (64 and 32): one critic head per base
+    from marft_algos.algos.marft_token import MARFTTokenConfig, MARFTTokenTrainer
+
+    cls, cfg = (MARFTActionTrainer, tiny_config) if algo == "action" else (MARFTTokenTrainer, lambda **kw: MARFTTokenConfig(**echo_kwargs(**kw)))
+    pol = TeamPolicy(list(AGENTS), base={"speaker": letter_model(), "listener": letter_model(seed=1, hidden=32, heads=2, kv_heads=1)})
+    t = cls(cfg(), policy=pol)
+    heads = t.critic.vm.heads
+    assert len(heads) == 2 and sorted(h.net[0].in_features for h in heads.values()) == [32, 64]
+    crit = snapshot(t.critic.parameters())
+    m = t.train_step()
+    assert changed(crit, t.critic.parameters())
+    assert all(math.isfinite(m[f"agent/{a}/value_loss"]) for a in AGENTS)
+
+
 def test_kl_hard_cut_skips_the_policy_step_not_the_critic_and_logs_per_agent():
     # two epochs: the second sees KL(old || new) > 0 after the first step, above a tiny threshold
     t = MARFTActionTrainer(tiny_config(ppo_epochs=2, kl_threshold=1e-9, lr=0.05, logprob_norm="sum"), policy=letter_policy())

@@ -91,6 +91,21 @@ def test_per_agent_heads_are_separate(policy):
     assert [id(p) for p in shared.trainable_parameters("a")] == [id(p) for p in shared.trainable_parameters("b")]
 
 
+def test_heterogeneous_team_gets_one_shared_head_per_base():
+    # bases of different hidden sizes (64 and 32): one head each, shared by the roles on it
+    m2, t2 = build_tiny_model(seed=7, hidden=32, heads=2, kv_heads=1)
+    pol = TeamPolicy(["a", "b", "c"], base={"a": "tiny-random", "b": (m2, t2), "c": "tiny-random"})
+    vm = ValueModel(pol)
+    assert len(vm.heads) == 2
+    assert vm.head("a") is vm.head("c") and vm.head("a") is not vm.head("b")
+    assert vm.head("a").net[0].in_features == 64 and vm.head("b").net[0].in_features == 32
+    _randomize_heads(vm)
+    for role in "abc":
+        assert vm.values(role, PROMPTS).shape == (2,)
+        assert vm.token_values(role, PROMPTS, RESPONSES).shape == (2, 3)
+    assert len(ValueModel(pol, per_agent=True).heads) == 3
+
+
 def test_critic_lora_adapter_trains_and_keeps_policy_flags():
     pol = TeamPolicy(["a", "b"], base="tiny-random")
     pol.set_train_role("a")

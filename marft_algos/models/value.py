@@ -54,7 +54,9 @@ class ValueModel:
     Args:
         policy_or_base: a :class:`TeamPolicy` (its base object is reused), or a
             ``(model, tokenizer)`` pair / a model for a standalone critic.
-        per_agent: one head per role instead of one shared head.
+        per_agent: one head per role instead of one shared head (shared = one head per
+            distinct base: the roles of a heterogeneous team that run on different bases,
+            possibly of different hidden sizes, get a head each).
         roles: role names (default: the policy's roles; needed for a bare model with
             ``per_agent=True``).
         head_hidden: width of the head's hidden layer (default: the model's hidden size).
@@ -98,12 +100,16 @@ class ValueModel:
                 self._critic_params.extend(self.policy.add_adapter(role, "critic", settings))
             self._critic_params = list({id(p): p for p in self._critic_params}.values())
             self.critic_adapter = "critic"
-        keys = self.roles if per_agent else [_SHARED]
+        # one head per role, or one per distinct base (a heterogeneous team's bases may
+        # have different hidden sizes; roles on the same base share their head)
+        owner_role: dict[str, str | None] = {}
+        for role in self.roles or [None]:
+            owner_role.setdefault(self._head_key(role), role)
         heads = {}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            for k in keys:
-                heads[k] = ValueHead(self._hidden_size(k if per_agent else (self.roles[0] if self.roles else None)), head_hidden)
+            for k, role in owner_role.items():
+                heads[k] = ValueHead(self._hidden_size(role), head_hidden)
         self.heads = nn.ModuleDict(heads).to(self.device)
 
     # ------------------------------------------------------------------------------------
@@ -121,8 +127,18 @@ class ValueModel:
         cfg = self._owner(role).config
         return int(getattr(cfg, "hidden_size", None) or cfg.get_text_config().hidden_size)
 
+    def _head_key(self, role: str | None) -> str:
+        """``role`` (per agent), else ``"shared"`` for the first base and
+        ``"shared-base<k>"`` for the k-th further base of a heterogeneous team."""
+        if self.per_agent:
+            assert role is not None
+            return role
+        slot = self.policy._base(role).slot if (self.policy is not None and role is not None) else 0
+        return _SHARED if slot == 0 else f"{_SHARED}-base{slot}"
+
     def head(self, role: str) -> ValueHead:
-        return self.heads[role] if self.per_agent else self.heads[_SHARED]
+        """The value head that scores ``role``'s observations."""
+        return self.heads[self._head_key(role)]
 
     def trainable_parameters(self, role: str | None = None) -> list[nn.Parameter]:
         """Head parameters of ``role`` (all heads when None) + the critic adapter, if any."""
