@@ -32,6 +32,7 @@ QUESTIONS = [
 
 
 def prompts_for(policy: TeamPolicy, roles: list[str], n: int, distinct: int | None = None) -> list[tuple[str, list[int]]]:
+    """n encoded chat prompts ``(role, ids)``; with ``distinct``, groups of equal prompts (GRPO-like)."""
     out = []
     for i in range(n):
         k = i if distinct is None else i // (n // distinct)
@@ -43,6 +44,7 @@ def prompts_for(policy: TeamPolicy, roles: list[str], n: int, distinct: int | No
 
 
 def ours(policy: TeamPolicy, rows: list[tuple[str, list[int]]], max_new: int) -> tuple[int, float]:
+    """Generate with marft's ``policy.generate``: (generated tokens, seconds)."""
     sp = SamplingParams(temperature=1.0, max_new_tokens=max_new)
     t0 = time.perf_counter()
     res = policy.generate([GenRequest(r, p, sp) for r, p in rows])
@@ -51,6 +53,7 @@ def ours(policy: TeamPolicy, rows: list[tuple[str, list[int]]], max_new: int) ->
 
 
 def hf(policy: TeamPolicy, rows: list[tuple[str, list[int]]], max_new: int) -> tuple[int, float]:
+    """Generate the same rows with HF ``model.generate`` (left padding, per-row adapters): (tokens up to EOS, seconds)."""
     role0 = rows[0][0]
     model, tok = policy.model(role0), policy.tokenizer(role0)
     plen = max(len(p) for _, p in rows)
@@ -83,6 +86,7 @@ def hf(policy: TeamPolicy, rows: list[tuple[str, list[int]]], max_new: int) -> t
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Print the decode-speed table (marft vs HF generate, order alternating per repeat)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])

@@ -33,6 +33,7 @@ def _rss_mb() -> float:
 
 
 def child(model: str, n: int) -> dict[str, float]:
+    """In a fresh process: build n roles on one base, generate and backprop once; memory figures."""
     import torch
 
     from marft_algos.models import GenRequest, SamplingParams, TeamPolicy
@@ -63,6 +64,7 @@ def child(model: str, n: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run :func:`child` per (model, roles) in a subprocess and print the memory table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["tiny-random", "smollm2-135m"])
     ap.add_argument("--roles", nargs="+", type=int, default=[1, 2, 4, 8])

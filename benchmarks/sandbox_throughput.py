@@ -32,6 +32,7 @@ def _jobs() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Grade HumanEval's canonical solutions per worker count; exit 1 if any failed."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[os.cpu_count() or 1])
     ap.add_argument("--isolation", default=None, help="force a level (default: strongest usable)")

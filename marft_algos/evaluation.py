@@ -57,6 +57,7 @@ class EvalResult:
     episodes: list[Episode] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-safe data (without the episodes)."""
         d = asdict(self)
         d.pop("episodes")
         return d
