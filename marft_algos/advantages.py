@@ -152,6 +152,31 @@ def _flat(x: ArrayLike, n: int, name: str) -> np.ndarray:
     return a
 
 
+def _passthrough_values(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray | float,
+    terminal: np.ndarray,
+    tail: float,
+    passthrough: np.ndarray,
+) -> np.ndarray:
+    """Values of one chain with every pass-through link made transparent.
+
+    Backwards, a pass-through link n gets ``V_n = r_n + gamma_n * (1 - d_n) * V_{n+1}``
+    (``tail`` after the last link): its own TD error is then 0, so its predecessor's
+    bootstrap ``gamma_p * V_n`` is the next real link's value (discounted over both hops,
+    plus the skipped link's reward) and the credit flowing back through it is
+    ``gamma_n * lam_n * A_{n+1}``: the chain behaves as if the link were not there.
+    """
+    v = values.copy()
+    g = np.broadcast_to(np.asarray(discounts, dtype=np.float64), v.shape)
+    for n in range(v.shape[0] - 1, -1, -1):
+        if passthrough[n]:
+            succ = v[n + 1] if n + 1 < v.shape[0] else tail
+            v[n] = rewards[n] + g[n] * (1.0 - terminal[n]) * succ
+    return v
+
+
 def _hop_params(
     turns: np.ndarray,
     gamma_agent: float,
@@ -178,6 +203,7 @@ def action_level_gae(
     lam_turn: float = 0.95,
     terminal: ArrayLike | None = None,
     last_values: Mapping[Any, float] | None = None,
+    passthrough: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Action-level MARFT GAE over the chain of executed (turn, agent) actions.
 
@@ -203,26 +229,44 @@ def action_level_gae(
             the last action of every episode is terminal.
         last_values: ``{episode_id: V}`` for episodes that were truncated rather than
             terminated: their last action bootstraps from ``V`` with the turn discount.
+        passthrough: per action, 1 for an action that is no real link of the chain (not
+            trainable: its prompt did not fit the context, so it has no value). Its value
+            becomes ``r + gamma * V(next link)``: the predecessor bootstraps from the next
+            real link (over both hops' gamma and lambda) and the skipped action's own
+            reward still counts, instead of bootstrapping from a value of 0.
 
     Returns:
         ``(advantages, returns)``, numpy float64 arrays of length L.
+
+    Example: two agents, one turn, the team reward 1 on the second::
+
+        >>> adv, ret = action_level_gae([0.0, 1.0], [0.5, 0.6], turns=[0, 0])
+        >>> adv.round(4).tolist()    # A_1 = 1 - 0.6;  A_0 = 0.99*0.6 - 0.5 + 0.99*0.95*A_1
+        [0.4702, 0.4]
+        >>> # the middle action had no room in the context: V_1 := 0 + 0.99*0.6, so the first
+        >>> # action bootstraps from the third (A_0 = 0.99*0.594 - 0.5 + 0.9405*0.9405*0.4)
+        >>> action_level_gae([0.0, 0.0, 1.0], [0.5, 0.0, 0.6], [0, 0, 0], passthrough=[0, 1, 0])[0].round(4).tolist()
+        [0.4419, 0.3762, 0.4]
     """
     r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
     n = r.shape[0]
     v = _flat(values, n, "values")
     tu = _flat(turns, n, "turns")
     term = _flat(terminal, n, "terminal") if terminal is not None else np.zeros(n)
+    skip = _flat(passthrough, n, "passthrough") if passthrough is not None else np.zeros(n)
     last_values = dict(last_values or {})
     adv, ret = np.zeros(n), np.zeros(n)
     for eid, s, e in episode_segments(episode_ids, n):
         g, lam = _hop_params(tu[s:e], gamma_agent, lam_agent, gamma_turn, lam_turn)
-        nv = np.append(v[s + 1 : e], 0.0)
         d = term[s:e].copy()
+        tail = 0.0
         if eid in last_values:  # truncated: bootstrap the last action from the given value
-            nv[-1] = float(last_values[eid])
+            tail = float(last_values[eid])
         elif terminal is None:
             d[-1] = 1.0
-        a, rt = chain_gae(r[s:e], v[s:e], nv, g, lam, d)
+        vs = _passthrough_values(r[s:e], v[s:e], g, d, tail, skip[s:e]) if skip[s:e].any() else v[s:e]
+        nv = np.append(vs[1:], tail)
+        a, rt = chain_gae(r[s:e], vs, nv, g, lam, d)
         adv[s:e], ret[s:e] = a, rt
     return adv, ret
 
@@ -241,6 +285,7 @@ def token_level_backup(
     lam_turn: float = 0.95,
     terminal: ArrayLike | None = None,
     last_values: Mapping[Any, float] | None = None,
+    passthrough: ArrayLike | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Token-level MARFT: GAE over one chain of tokens through all executed actions.
 
@@ -270,10 +315,20 @@ def token_level_backup(
         rewards: per action (length L, execution order).
         token_values: per action, a 1-D array of its T_k >= 1 token values.
         turns, episode_ids, terminal, last_values: as in :func:`action_level_gae`.
+        passthrough: per action, 1 for an action that is no real link (see
+            :func:`action_level_gae`): its token values become the values that make its
+            TD errors 0, so the previous action's last token bootstraps from the next
+            real action's first token.
 
     Returns:
         ``(advantages, returns)``: lists of L numpy float64 arrays, one per action, each of
         length T_k (``returns = advantages + token values``).
+
+    Example: agent 0 says 2 tokens, agent 1 one token and gets the team reward 1::
+
+        >>> adv, ret = token_level_backup([0.0, 1.0], [[0.2, 0.4], [0.6]], turns=[0, 0])
+        >>> [a.round(4).tolist() for a in adv]   # token discount 1 inside an action
+        [[0.7702, 0.5702], [0.4]]
     """
     r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
     n = r.shape[0]
@@ -285,19 +340,30 @@ def token_level_backup(
             raise ValueError(f"action {k} has no token values (give an empty action one virtual token)")
     tu = _flat(turns, n, "turns")
     term = _flat(terminal, n, "terminal") if terminal is not None else np.zeros(n)
+    skip = _flat(passthrough, n, "passthrough") if passthrough is not None else np.zeros(n)
     last_values = dict(last_values or {})
     adv_out: list[np.ndarray] = [np.zeros(0)] * n
     ret_out: list[np.ndarray] = [np.zeros(0)] * n
     for eid, s, e in episode_segments(episode_ids, n):
         g_act, lam_act = _hop_params(tu[s:e], gamma_agent, lam_agent, gamma_turn, lam_turn)
+        d_act = term[s:e].copy()
+        if eid not in last_values and terminal is None:
+            d_act[-1] = 1.0
+        tail = float(last_values.get(eid, 0.0))
+        for k in range(e - 1, s - 1, -1):  # pass-through actions: values with zero TD error
+            if skip[k]:
+                x = tv[k].copy()
+                succ = tv[k + 1][0] if k + 1 < e else tail
+                x[-1] = r[k] + g_act[k - s] * (1.0 - d_act[k - s]) * succ
+                for j in range(x.shape[0] - 2, -1, -1):
+                    x[j] = gamma_token * x[j + 1]
+                tv[k] = x
         rr, vv, nv, gg, ll, dd = [], [], [], [], [], []
         for k in range(s, e):
             x, T = tv[k], tv[k].shape[0]
             last = k == e - 1
-            succ_first = tv[k + 1][0] if not last else float(last_values.get(eid, 0.0))
-            d_last = term[k]
-            if last and eid not in last_values and terminal is None:
-                d_last = 1.0
+            succ_first = tv[k + 1][0] if not last else tail
+            d_last = d_act[k - s]
             rr.append(np.append(np.zeros(T - 1), r[k]))
             vv.append(x)
             nv.append(np.append(x[1:], succ_first))
@@ -323,6 +389,7 @@ def per_agent_gae(
     lam: float = 0.95,
     terminal: ArrayLike | None = None,
     last_values: Mapping[Any, float] | Mapping[tuple[Any, Any], float] | None = None,
+    passthrough: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """IPPO: GAE over each agent's own actions, with no chaining across agents.
 
@@ -342,9 +409,18 @@ def per_agent_gae(
             last action of each episode.
         last_values: truncated episodes: ``{episode_id: V}`` (all agents) or
             ``{(episode_id, agent_id): V}`` -- the agent's last action bootstraps from V.
+        passthrough: per action, 1 for an action that is no real link (see
+            :func:`action_level_gae`): the agent's previous action bootstraps from its
+            next real one.
 
     Returns:
         ``(advantages, returns)``, numpy float64 arrays of length L.
+
+    Example: two agents acting twice each; agent "b"'s chains never see agent "a"::
+
+        >>> adv, _ = per_agent_gae([0, 0, 1, 1], [0.5, 0.5, 0.5, 0.5], ["a", "b", "a", "b"], gamma=1.0, lam=1.0)
+        >>> adv.tolist()
+        [0.5, 0.5, 0.5, 0.5]
     """
     r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
     n = r.shape[0]
@@ -353,19 +429,22 @@ def per_agent_gae(
     if len(agents) != n:
         raise ValueError(f"agent_ids has {len(agents)} entries, expected {n}")
     term = _flat(terminal, n, "terminal") if terminal is not None else None
+    skip = _flat(passthrough, n, "passthrough") if passthrough is not None else np.zeros(n)
     lv = dict(last_values or {})
     adv, ret = np.zeros(n), np.zeros(n)
     for eid, s, e in episode_segments(episode_ids, n):
         for agent in dict.fromkeys(agents[s:e]):
             idx = np.array([k for k in range(s, e) if agents[k] == agent])
-            nv = np.append(v[idx[1:]], 0.0)
             d = term[idx].copy() if term is not None else np.zeros(len(idx))
             key = (eid, agent) if (eid, agent) in lv else eid
+            tail = 0.0
             if key in lv:
-                nv[-1] = float(lv[key])
+                tail = float(lv[key])
             elif term is None:
                 d[-1] = 1.0
-            a, rt = chain_gae(r[idx], v[idx], nv, gamma, lam, d)
+            vs = _passthrough_values(r[idx], v[idx], gamma, d, tail, skip[idx]) if skip[idx].any() else v[idx]
+            nv = np.append(vs[1:], tail)
+            a, rt = chain_gae(r[idx], vs, nv, gamma, lam, d)
             adv[idx], ret[idx] = a, rt
     return adv, ret
 

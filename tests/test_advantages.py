@@ -147,6 +147,52 @@ def test_action_level_terminated_episode_inside_batch_does_not_leak() -> None:
     np.testing.assert_allclose(a3, [0.99 * 0.9 - 0.1 + 0.99 * 0.95 * 0.1, 0.1])
 
 
+def test_action_level_passthrough_link_by_hand() -> None:
+    # a -> b -> c in one turn, team reward 1 on c (terminal); b's prompt did not fit (no
+    # value: 7.0 is garbage that must not matter) but its step paid r_b = 0.1
+    g, lam = 0.99, 0.95
+    r, v = [0.0, 0.1, 1.0], [0.2, 7.0, 0.6]
+    adv, ret = action_level_gae(r, v, [0, 0, 0], passthrough=[0, 1, 0])
+    A_c = 1.0 - 0.6
+    V_b = 0.1 + g * 0.6  # its one-step target: b's own TD error is 0
+    A_b = g * lam * A_c
+    A_a = 0.0 + g * V_b - 0.2 + g * lam * A_b  # = r_a + g r_b + g^2 V_c - V_a + (g lam)^2 A_c
+    np.testing.assert_allclose(adv, [A_a, A_b, A_c], atol=1e-12)
+    np.testing.assert_allclose(A_a, 0.1 * g + g * g * 0.6 - 0.2 + (g * lam) ** 2 * A_c, atol=1e-12)
+    np.testing.assert_allclose(ret[[0, 2]], [A_a + 0.2, 1.0], atol=1e-12)
+    # without the pass-through the predecessor bootstrapped from the garbage value
+    assert abs(action_level_gae(r, v, [0, 0, 0])[0][0] - A_a) > 0.1
+
+
+def test_action_level_passthrough_at_the_end_and_in_a_row() -> None:
+    g, lam = 0.9, 0.5
+    kw = dict(gamma_agent=g, lam_agent=lam, gamma_turn=g, lam_turn=lam)
+    # the last (terminal) action passes through: its value is its reward, no bootstrap
+    adv, _ = action_level_gae([0.0, 1.0], [0.3, 0.0], [0, 1], passthrough=[0, 1], **kw)
+    np.testing.assert_allclose(adv, [g * 1.0 - 0.3, 0.0], atol=1e-12)
+    # two skipped links in a row: the first real link bootstraps from the last, over 3 hops
+    adv, _ = action_level_gae([0.0, 0.0, 0.0, 1.0], [0.4, 5.0, 5.0, 0.2], [0, 0, 0, 0], passthrough=[0, 1, 1, 0], **kw)
+    np.testing.assert_allclose(adv[0], g**3 * 0.2 - 0.4 + (g * lam) ** 3 * 0.8, atol=1e-12)
+    # truncated episode: a skipped last link bootstraps from the given last value
+    adv, _ = action_level_gae([0.0, 0.5], [0.3, 9.0], [0, 0], episode_ids=[4, 4], last_values={4: 2.0}, passthrough=[0, 1], **kw)
+    np.testing.assert_allclose(adv[0], g * (0.5 + g * 2.0) - 0.3, atol=1e-12)
+
+
+def test_token_and_per_agent_passthrough_by_hand() -> None:
+    # token level: speaker 2 tokens, listener skipped (placeholder value), speaker again
+    adv, _ = token_level_backup(
+        [0.0, 0.0, 1.0], [[0.1, 0.2], [3.0], [0.5]], [0, 0, 1], gamma_agent=0.9, lam_agent=0.5, passthrough=[0, 1, 0]
+    )
+    A_last = 1.0 - 0.5
+    A_skip = 0.99 * 0.95 * A_last
+    A_sp1 = 0.9 * (0.99 * 0.5) - 0.2 + 0.45 * A_skip
+    np.testing.assert_allclose(adv[0], [0.2 - 0.1 + A_sp1, A_sp1], atol=1e-12)
+    np.testing.assert_allclose(adv[2], [A_last], atol=1e-12)
+    # per agent: agent a's middle action is skipped; its first bootstraps from its third
+    adv, _ = per_agent_gae([0.0, 0.2, 1.0], [0.5, 9.9, 0.3], ["a", "a", "a"], gamma=0.9, lam=0.8, passthrough=[0, 1, 0])
+    np.testing.assert_allclose(adv, [0.9 * (0.2 + 0.9 * 0.3) - 0.5 + 0.72 * 0.72 * 0.7, 0.72 * 0.7, 0.7], atol=1e-12)
+
+
 def test_episode_segments_rejects_non_contiguous() -> None:
     assert episode_segments([1, 1, 2], 3) == [(1, 0, 2), (2, 2, 3)]
     with pytest.raises(ValueError, match="contiguous"):

@@ -180,6 +180,21 @@ def test_chain_gae_through_trainer_matches_reference_recursion(trainer):
     np.testing.assert_allclose([tr.advantage for tr in batch.episodes[1].transitions], [0.99 * 0.6 - 0.3 + g * lam * 0.4, 0.4])
 
 
+def test_overlong_action_is_passed_through_in_the_chain(trainer):
+    # speaker -> listener (prompt over the context: not trainable, value placeholder 0) ->
+    # speaker of the next turn (reward 1, terminal): the first speaker bootstraps from
+    # the second one, not from a value of 0
+    batch = chain_batch([[(0, "speaker", 0.0, 0.2), (0, "listener", 0.0, 0.0), (1, "speaker", 1.0, 0.6)]])
+    batch.transitions[1].trainable = False
+    trainer.compute_advantages(batch)
+    g, lam = 0.99, 0.95
+    A2 = 1.0 - 0.6
+    A1 = g * lam * A2
+    A0 = g * (g * 0.6) - 0.2 + g * lam * A1
+    np.testing.assert_allclose([t.advantage for t in batch.transitions], [A0, A1, A2], atol=1e-12)
+    assert A0 > 0.5  # bootstrapping from V = 0 would have given 0.9405 * 0.376 - 0.2 = 0.15
+
+
 def test_separate_turn_discount_in_the_trainer(trainer):
     c = trainer.config
     old = (c.gamma_agent, c.lam_agent, c.gamma_turn, c.lam_turn)

@@ -89,6 +89,18 @@ def test_empty_action_keeps_the_chain_connected(trainer):
     assert np.isfinite(sp.extras["token_adv"][0])
 
 
+def test_overlong_action_is_passed_through_by_hand(trainer):
+    # speaker (2 tokens) -> listener (prompt over the context: not trainable) -> speaker of
+    # the next turn (reward 1, terminal); fixture: gamma_agent 0.9, lam_agent 0.5
+    batch = token_batch([(0, "speaker", 0.0, [0.1, 0.2]), (0, "listener", 0.0, [0.0]), (1, "speaker", 1.0, [0.5])])
+    batch.transitions[1].trainable = False
+    trainer.compute_advantages(batch)
+    A_last = 1.0 - 0.5
+    A_skip = 0.99 * 0.95 * A_last
+    A_sp1 = 0.9 * (0.99 * 0.5) - 0.2 + 0.45 * A_skip  # bootstraps from the next speaker's first token
+    np.testing.assert_allclose(batch.transitions[0].extras["token_adv"], [0.1 + A_sp1, A_sp1], atol=1e-12)
+
+
 def test_per_token_ratio_and_advantages_in_the_loss(trainer):
     # two tokens with different advantages (+1, -1): with ratio r per token, the unclipped
     # surrogate is mean(-A r) = -(r0 - r1)/2

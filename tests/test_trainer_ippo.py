@@ -101,6 +101,18 @@ def test_no_cross_agent_chaining(trainer):
     np.testing.assert_allclose(sp_a, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_overlong_action_is_passed_through_in_the_agents_chain(trainer):
+    # the speaker's 2nd action had no room in the context (not trainable; 9.9 is garbage):
+    # its 1st action bootstraps from its 3rd (gamma 0.9, lam 0.8, fixture)
+    batch = make_batch({"speaker": [[(0.0, 0.5), (0.2, 9.9), (1.0, 0.3)]]})
+    batch.transitions[1].trainable = False
+    trainer.compute_advantages(batch)
+    A2 = 1.0 - 0.3
+    A1 = 0.72 * A2
+    A0 = 0.9 * (0.2 + 0.9 * 0.3) - 0.5 + 0.72 * A1
+    np.testing.assert_allclose([t.advantage for t in batch.transitions], [A0, A1, A2], atol=1e-12)
+
+
 def test_config_validation():
     with pytest.raises(ConfigError, match="gamma"):
         tiny_config(gamma=1.5)

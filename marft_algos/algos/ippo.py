@@ -76,7 +76,8 @@ class IPPOTrainer(Trainer):
         return self.value_model.values(agent, prompts).reshape(-1).float()
 
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        """V_i(o) for every transition of agent i (no grad); over-long prompts get 0."""
+        """V_i(o) for every transition of agent i (no grad); over-long prompts get a
+        placeholder 0 (the GAE passes them through)."""
         with torch.no_grad():
             for agent in self.agents:
                 trs = [t for t in batch.transitions if t.agent == agent]
@@ -109,6 +110,9 @@ class IPPOTrainer(Trainer):
             lam=c.lam,
             # an agent's chain ends at its last action of the episode, or earlier if it was done
             terminal=self._terminal_flags(batch),
+            # an action whose prompt did not fit has no value: the agent's previous action
+            # bootstraps from its next real one
+            passthrough=[not t.trainable for t in trs],
         )
         for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
             t.advantage, t.returns = float(a), float(r)

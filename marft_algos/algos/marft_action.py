@@ -336,7 +336,8 @@ class MARFTActionTrainer(MARFTTrainerBase):
 
     # ---- values and advantages -----------------------------------------------------------
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        """``t.value = V(o)`` for every transition (no grad); non-trainable ones get 0.
+        """``t.value = V(o)`` for every transition (no grad); non-trainable ones get 0
+        (a placeholder: the GAE passes them through, see :meth:`compute_advantages`).
 
         With a frozen critic base the hidden states are cached in ``t.extras["critic_feat"]``
         for the critic's training passes (see :class:`~marft_algos.algos.critic.Critic`).
@@ -380,6 +381,8 @@ class MARFTActionTrainer(MARFTTrainerBase):
             lam_agent=c.lam_agent,
             gamma_turn=c.gamma_turn,
             lam_turn=c.lam_turn,
+            # an action without a value (its prompt did not fit) passes the chain through
+            passthrough=[not t.trainable for t in trs],
         )
         for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
             t.advantage, t.returns = float(a), float(r)

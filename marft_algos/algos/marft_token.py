@@ -70,8 +70,9 @@ class MARFTTokenTrainer(MARFTTrainerBase):
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
         """``t.extras["token_values"]``: one value per response token (no grad).
 
-        An empty or non-trainable action keeps one virtual link valued ``V(o)`` (= the
-        value before its first token) so the chain stays connected and its reward counts.
+        An empty action keeps one virtual link valued ``V(o)`` (= the value before its first
+        token) so the chain stays connected and its reward counts; a non-trainable one
+        (its prompt did not fit) gets a placeholder 0 that the backup passes through.
         """
         cache = self.critic.can_cache
         with torch.no_grad():
@@ -122,6 +123,8 @@ class MARFTTokenTrainer(MARFTTrainerBase):
             lam_agent=c.lam_agent,
             gamma_turn=c.gamma_turn,
             lam_turn=c.lam_turn,
+            # a non-trainable action (prompt over the context) has no value: pass it through
+            passthrough=[not t.trainable for t in trs],
         )
         for t, a, r in zip(trs, adv, ret, strict=True):
             t.extras["token_adv"] = a.tolist()
