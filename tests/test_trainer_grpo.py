@@ -95,6 +95,30 @@ def test_dynamic_sampling_drops_all_equal_groups(monkeypatch):
     assert batch.metrics["team/reward"] == 0.75  # reward of the first (unfiltered) round
 
 
+def test_dynamic_sampling_judges_groups_by_the_rewards_the_advantages_use(monkeypatch):
+    t = make(num_envs=4, group_size=2, dynamic_sampling=True, max_resample_tries=1, reward_source="agent")
+    first = batch_from_returns([[0.0, 0.0], [1.0, 0.0]])
+    # group 0: equal team returns, but the speaker's own rewards differ: signal, kept
+    first.episodes[0].transitions[0].reward = 1.0
+    # group 1: team returns differ, but every agent's own rewards are equal (all 0): dropped
+    rounds = iter([first, batch_from_returns([[0.0, 0.0]])])
+
+    def fake_collect(num_groups=None):
+        b = next(rounds)
+        b.metrics = {"team/reward": 0.0}
+        return b
+
+    monkeypatch.setattr(t.collector, "collect", fake_collect)
+    batch = t.collect()
+    assert [e.episode_id for e in batch.episodes] == [0, 1]
+    assert batch.metrics["rollout/groups_dropped"] == 2  # group 1, then the all-zero resample
+    t.compute_advantages(batch)
+    assert any(tr.advantage != 0 for tr in batch.transitions)
+    # with team rewards the same first round keeps group 1 and drops group 0
+    t.config.reward_source = "team"
+    assert [t._all_equal(g) for g in first.groups().values()] == [True, False]
+
+
 def _snapshot(t):
     return [p.detach().clone() for a in t.agents for p in t.policy.trainable_parameters(a)]
 

@@ -11,8 +11,10 @@ agent whose rewards have a different scale does not destabilise the others. The 
 loss is the PPO clipped surrogate with DAPO clip-higher (``eps_low`` < ``eps_high``),
 aggregated per token or per sequence, plus an optional ``beta``-weighted KL to the
 reference policy (the base model with adapters disabled). DAPO dynamic sampling drops
-groups whose rewards are all equal (their advantages are all 0: no signal) and
-resamples until the batch is full or ``max_resample_tries`` is spent.
+groups whose rewards are all equal (their advantages are all 0: no signal; "rewards"
+are those the advantages use: team returns, or each agent's own with
+``reward_source="agent"``) and resamples until the batch is full or
+``max_resample_tries`` is spent.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from marft_algos.config import GRPOConfig
-from marft_algos.rollout import Episode, RolloutBatch
+from marft_algos.rollout import Episode, RolloutBatch, Transition
 from marft_algos.trainer import Trainer, register_algorithm
 
 __all__ = ["GRPOTrainer"]
@@ -64,10 +66,48 @@ class GRPOTrainer(Trainer):
         metrics["perf/rollout_tokens_per_s"] = metrics.get("rollout/tokens", 0.0) / max(metrics.get("perf/rollout_s", 0.0), 1e-9)
         return RolloutBatch(episodes=[ep for g in kept for ep in g], metrics=metrics)
 
-    @staticmethod
-    def _all_equal(group: list[Episode]) -> bool:
-        returns = [ep.team_return for ep in group]
-        return max(returns) - min(returns) < 1e-8
+    def _all_equal(self, group: list[Episode]) -> bool:
+        """No signal: every advantage of the group is 0 under the rewards and statistics
+        the advantages use (team return, or each agent's own return with
+        ``reward_source="agent"``; per group, or per group and agent)."""
+        from marft_algos.advantages import grpo_advantages
+
+        c = self.config
+        _, rewards, group_ids, agent_ids = self._units(group)
+        if not rewards:
+            return True
+        adv = grpo_advantages(
+            np.asarray(rewards, dtype=np.float64),
+            np.asarray(group_ids),
+            agent_ids=np.asarray(agent_ids) if c.normalize == "agent" else None,
+            normalize=c.normalize,
+            scale=False,  # "all equal" is about centring; the std scale only rescales
+        )
+        return bool(np.max(np.abs(adv)) < 1e-8)
+
+    def _units(self, episodes: list[Episode]) -> tuple[list[list[Transition]], list[float], list[int], list[int]]:
+        """The samples the advantages are computed over: ``(transitions, reward, group, agent)``
+        per episode (team reward, global baseline) or per (episode, agent)."""
+        c = self.config
+        per_agent_units = c.reward_source == "agent" or c.normalize == "agent"
+        units: list[list[Transition]] = []  # the transitions of each sample
+        rewards: list[float] = []
+        group_ids: list[int] = []
+        agent_ids: list[int] = []
+        for ep in episodes:
+            if per_agent_units:
+                for agent in dict.fromkeys(t.agent for t in ep.transitions):
+                    R = ep.team_return if c.reward_source == "team" else ep.agent_return(agent)
+                    units.append(ep.agent_transitions(agent))
+                    rewards.append(R)
+                    group_ids.append(ep.group_id)
+                    agent_ids.append(self.agents.index(agent))
+            else:
+                units.append(ep.transitions)
+                rewards.append(ep.team_return)
+                group_ids.append(ep.group_id)
+                agent_ids.append(0)
+        return units, rewards, group_ids, agent_ids
 
     # ---- advantages ----------------------------------------------------------------
     def compute_advantages(self, batch: RolloutBatch) -> None:
@@ -81,22 +121,7 @@ class GRPOTrainer(Trainer):
         from marft_algos.advantages import grpo_advantages
 
         c = self.config
-        per_agent_units = c.reward_source == "agent" or c.normalize == "agent"
-        units: list[list] = []  # the transitions of each sample
-        rewards, group_ids, agent_ids = [], [], []
-        for ep in batch.episodes:
-            if per_agent_units:
-                for agent in dict.fromkeys(t.agent for t in ep.transitions):
-                    R = ep.team_return if c.reward_source == "team" else ep.agent_return(agent)
-                    units.append(ep.agent_transitions(agent))
-                    rewards.append(R)
-                    group_ids.append(ep.group_id)
-                    agent_ids.append(self.agents.index(agent))
-            else:
-                units.append(ep.transitions)
-                rewards.append(ep.team_return)
-                group_ids.append(ep.group_id)
-                agent_ids.append(0)
+        units, rewards, group_ids, agent_ids = self._units(batch.episodes)
         if not units:
             return
         adv = grpo_advantages(
