@@ -175,3 +175,73 @@ def test_docstring_conversion():
     assert "| id | team |" in md and "| a-v0 | one &lt;agent&gt; |".replace("&gt;", ">") in md
     assert 'Usage:\n\n```\nmake("a-v0")\n```' in md
     assert "&lt;tags>" in md and "`` ```python ``" in md
+
+
+# --------------------------------------------------------------------------------------
+# every logged metric key is documented in docs/algorithms.md
+# --------------------------------------------------------------------------------------
+
+_KEY_RE = re.compile(r"""f?["']((?:team|agent|rollout|perf|train|critic|recovery|value)/[A-Za-z0-9_{}./]+)["']""")
+
+
+def _doc_key(key: str, agents: set[str]) -> str:
+    """A logged key as the docs write it: agent names -> ``<a>``, recovery reasons -> ``<r>``."""
+    parts = key.split("/")
+    if parts[0] in ("agent", "value") and len(parts) > 2 and (parts[1] in agents or parts[1].startswith("{")):
+        parts[1] = "<a>"
+    if parts[:2] == ["recovery", "reason"]:
+        return "recovery/reason/<r>"
+    return "/".join(parts)
+
+
+def _logged_keys_of_one_step() -> set[str]:
+    """Keys of one tiny-model step of every algorithm, with the optional metrics switched on."""
+    from marft_algos.trainer import get_algorithm, list_algorithms
+
+    extras = {  # switches whose metrics only appear when on
+        "grpo": {"dynamic_sampling": True, "beta": 0.01},
+        "ippo": {"beta": 0.01},
+        "marft-action": {"kl_threshold": 1e6, "beta": 0.01},
+        "marft-token": {"kl_threshold": 1e6},
+    }
+    keys: set[str] = set()
+    algos = [s.name for s in list_algorithms()]
+    assert {"grpo", "ippo", "marft-action", "marft-token"} <= set(algos)
+    for algo in algos:
+        spec = get_algorithm(algo)
+        names = {f.name for f in __import__("dataclasses").fields(spec.config_cls)}
+        data = {"env_id": "arith-duo-v0", "model": "tiny-random", "num_envs": 4, "group_size": 2, "steps": 1,
+                "progress": False, "plot": False, "tensorboard": False, "transcript_every": 0,
+                "sampling_overrides": {"reasoner": {"max_new_tokens": 3}, "actor": {"max_new_tokens": 3}},
+                **extras.get(algo, {})}
+        trainer = spec.trainer_cls(spec.config_cls(**{k: v for k, v in data.items() if k in names}))
+        keys |= {_doc_key(k, set(trainer.agents)) for k in trainer.train_step()}
+        rec = getattr(trainer, "recovery", None)
+        if rec is not None:
+            rec.close()
+    return keys
+
+
+def _literal_keys() -> set[str]:
+    """Metric-key literals in marft_algos (catches keys that only appear on rare events)."""
+    out = set()
+    for path in (REPO / "marft_algos").rglob("*.py"):
+        for m in _KEY_RE.finditer(path.read_text(encoding="utf-8")):
+            key = m.group(1)
+            last = key.rsplit("/", 1)[-1]
+            if key.count("/") < 1 or "{" in last and not key.startswith("recovery/reason/") or not last:
+                continue  # generic f"agent/{agent}/{name}" helpers
+            out.add(_doc_key(key, set()))
+    return out
+
+
+def test_every_logged_metric_is_documented():
+    page = (DOCS / "algorithms.md").read_text(encoding="utf-8")
+    section = page[page.index("## Metrics"):]
+    documented = set(re.findall(r"`((?:team|agent|rollout|perf|train|critic|recovery|value)/[^`\s]+)`", section))
+    logged = _logged_keys_of_one_step()
+    assert {"agent/<a>/kl", "rollout/groups_dropped", "agent/<a>/kl_cut", "critic/grad_norm"} <= logged
+    literal = _literal_keys()
+    assert {"recovery/rollback", "recovery/reason/<r>", "rollout/context_capped"} <= literal
+    missing = sorted((logged | literal) - documented)
+    assert not missing, f"metric keys logged but not explained in docs/algorithms.md (## Metrics): {missing}"
