@@ -96,20 +96,23 @@ class CollapseDetector:
         self.healthy_steps = 0
         self.last_nonfinite = 0.0
 
-    # baselines are part of the rollback state: a rolled-back run resumes its old baselines
     def state_dict(self) -> dict[str, Any]:
+        """Baselines, warm-up count and the last seen skip counter (checkpointed and rolled back)."""
         return {
             "entropy_baseline": dict(self.entropy_baseline),
             "reward_ema": self.reward_ema,
             "best_reward_ema": self.best_reward_ema,
             "healthy_steps": self.healthy_steps,
+            "last_nonfinite": self.last_nonfinite,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (a resumed run keeps its baselines and stays armed)."""
         self.entropy_baseline = dict(state["entropy_baseline"])
         self.reward_ema = state["reward_ema"]
         self.best_reward_ema = state["best_reward_ema"]
         self.healthy_steps = int(state["healthy_steps"])
+        self.last_nonfinite = float(state.get("last_nonfinite", self.last_nonfinite))
 
     def check(self, metrics: Mapping[str, float], params: list[torch.Tensor] | None = None) -> list[str]:
         """Reasons for a collapse in this step (empty = healthy); updates baselines if healthy."""
@@ -201,6 +204,16 @@ class CollapseRecovery:
         self.pending: tuple[Path, dict[str, Any]] | None = None
         self.rollbacks: list[dict[str, Any]] = []
 
+    # ---- state (part of the trainer's checkpoint: a resumed run does not re-arm) ---------
+    def state_dict(self) -> dict[str, Any]:
+        """The detector's state and the rollbacks so far (they count towards ``max_rollbacks``)."""
+        return {"detector": self.detector.state_dict(), "rollbacks": [dict(e) for e in self.rollbacks]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the recovery checkpoints themselves start afresh."""
+        self.detector.load_state_dict(state["detector"])
+        self.rollbacks = [dict(e) for e in state.get("rollbacks", [])]
+
     # ---- checkpoints ------------------------------------------------------------------
     def _save(self) -> tuple[Path, dict[str, Any]]:
         from marft_algos.checkpoint import save_checkpoint
@@ -267,11 +280,13 @@ class CollapseRecovery:
             "rng": _rng_state(),
         }
         lr_scale = getattr(t, "lr_scale", 1.0) * self.s.lr_factor
+        rollbacks, last_nonfinite = list(self.rollbacks), self.detector.last_nonfinite
         logger, t.logger = t.logger, None  # load_checkpoint would truncate the metrics log
         try:
-            load_checkpoint(t, path)
+            load_checkpoint(t, path)  # (also loads this object's state as it was saved)
         finally:
             t.logger = logger
+        self.rollbacks = rollbacks
         t.global_step = keep["global_step"]
         t.counters.clear()
         t.counters.update(keep["counters"])
@@ -280,6 +295,7 @@ class CollapseRecovery:
         t.np_rng.bit_generator.state = keep["np_rng"]
         _set_rng_state(keep["rng"])
         self.detector.load_state_dict(saved["detector"])
+        self.detector.last_nonfinite = last_nonfinite  # the skip counter is kept, not rolled back
         # lower every learning rate: the restored states carry the scale in force when they
         # were saved; bring them to the new cumulative scale (schedulers scale from base_lrs)
         factor = lr_scale / saved["lr_scale"]

@@ -16,6 +16,7 @@ from _tiny_echo import ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
 
 from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
 from marft_algos.algos.ippo import IPPOTrainer  # noqa: E402
+from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
 
 KEYS = ("team/reward", "agent/speaker/policy_loss", "agent/listener/policy_loss", "agent/speaker/kl", "agent/listener/entropy", "agent/listener/grad_norm")
 
@@ -35,13 +36,27 @@ def ippo_cfg(out, **kw):
     return IPPOConfig(**base)
 
 
-def _series(hist):
-    return {k: [h.get(k) for h in hist] for k in KEYS}
+def marft_cfg(out, **kw):
+    # recovery on (the default) with a short warm-up: its detector state must resume too
+    base = dict(env_id="echo-duo-v0", env_kwargs=ENV_KWARGS, model="tiny-random", num_envs=8, steps=4, lr=0.02, critic_lr=0.01,
+                progress=False, tensorboard=False, plot=False, out_dir=str(out), sampling_overrides=SAMPLING, ppo_epochs=2,
+                num_minibatches=2, seed=3, recovery=True, recovery_warmup=3, kl_threshold=0.5)
+    base.update(kw)
+    return MARFTActionConfig(**base)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ippo"])
+TRAINERS = {"grpo": (GRPOTrainer, grpo_cfg), "ippo": (IPPOTrainer, ippo_cfg), "marft-action": (MARFTActionTrainer, marft_cfg)}
+MARFT_KEYS = ("agent/speaker/value_loss", "agent/listener/action_kl", "critic/grad_norm")
+
+
+def _series(hist, keys=KEYS):
+    return {k: [h.get(k) for h in hist] for k in keys}
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ippo", "marft-action"])
 def test_resume_gives_identical_metrics(tmp_path, algo):
-    cls, mk = (GRPOTrainer, grpo_cfg) if algo == "grpo" else (IPPOTrainer, ippo_cfg)
+    cls, mk = TRAINERS[algo]
+    keys = KEYS + (MARFT_KEYS if algo == "marft-action" else ())
     full = cls(mk(tmp_path / "full"), policy=letter_policy())
     init = [p.detach().clone() for a in full.agents for p in full.policy.trainable_parameters(a)]
     full.train()
@@ -52,8 +67,8 @@ def test_resume_gives_identical_metrics(tmp_path, algo):
     resumed.load_checkpoint(tmp_path / "split")
     assert resumed.global_step == 2
     resumed.train()
-    a, b = _series(full.history), _series(resumed.history)
-    for k in KEYS:
+    a, b = _series(full.history, keys), _series(resumed.history, keys)
+    for k in keys:
         assert len(a[k]) == len(b[k]) == 4
         for x, y in zip(a[k], b[k], strict=True):
             assert (x is None and y is None) or x == pytest.approx(y, abs=1e-6), (k, a[k], b[k])
@@ -63,6 +78,13 @@ def test_resume_gives_identical_metrics(tmp_path, algo):
     for agent in full.agents:
         for p, q in zip(full.policy.trainable_parameters(agent), resumed.policy.trainable_parameters(agent), strict=True):
             torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+    if algo == "marft-action":
+        # the collapse detector resumed armed, with the same baselines (no second warm-up)
+        assert full.recovery.detector.healthy_steps == 4
+        assert resumed.recovery.detector.state_dict() == full.recovery.detector.state_dict()
+        assert resumed.critic.state_dict()["heads"].keys() == full.critic.state_dict()["heads"].keys()
+        for k, v in full.critic.state_dict()["heads"].items():
+            torch.testing.assert_close(v, resumed.critic.state_dict()["heads"][k], atol=1e-6, rtol=0)
     # the resumed run's metrics file has every step once
     steps = [json.loads(x)["step"] for x in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]

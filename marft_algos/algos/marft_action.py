@@ -316,14 +316,23 @@ class MARFTTrainerBase(Trainer):
 
     # ---- checkpoint: critic ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The runtime's state plus the critic, the rollback lr scale and the collapse
+        detector's baselines (a resumed run does not re-arm its warm-up)."""
         state = super().state_dict()
         state["critic"] = self.critic.state_dict()
         state["lr_scale"] = self.lr_scale
+        recovery = getattr(self, "recovery", None)
+        if recovery is not None:
+            state["recovery"] = recovery.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.critic.load_state_dict(state["critic"])
         self.lr_scale = float(state.get("lr_scale", 1.0))
+        recovery = getattr(self, "recovery", None)
+        if recovery is not None and "recovery" in state:
+            recovery.load_state_dict(state["recovery"])
         super().load_state_dict(state)
 
 
