@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,6 +217,34 @@ def _json_safe(obj: Any) -> Any:
     return repr(obj)
 
 
+@dataclass
+class _Stepped:
+    """What one ``env.step`` left behind, read in the stepping thread right after it."""
+
+    turn: int
+    rewards: dict[str, float]
+    info: dict[str, Any]
+    done: bool
+
+
+def _action_text(result: Any) -> str:
+    """The text an action sends to ``env.step`` ("" when nothing was generated)."""
+    return "" if result is None else result.text
+
+
+def _env_step(env: Any, agent: str, text: str) -> _Stepped:
+    """Step ``agent`` of ``env`` with ``text``; snapshot what the record needs."""
+    obs = env.observe(agent)
+    turn = int(obs.get("turn", 0)) if isinstance(obs, dict) else 0
+    env.step(text)
+    return _Stepped(
+        turn=turn,
+        rewards={a: float(r) for a, r in env.rewards.items()},
+        info=dict(env.infos.get(agent, {}) or {}),
+        done=bool(env.terminations.get(agent, False) or env.truncations.get(agent, False)),
+    )
+
+
 class RolloutCollector:
     """Drive many env copies through the AEC loop with batched generation.
 
@@ -233,6 +262,12 @@ class RolloutCollector:
         agent_to_role: maps env agents to policy roles (default: identity).
         share_prefill: merge identical pending requests (same role, prompt and sampling;
             e.g. the first actions of a GRPO group) into one request with ``n`` samples.
+        step_workers: the envs of one generation round are stepped (and so graded)
+            concurrently by up to this many threads; 1 steps them one after another.
+            Graders run their programs in subprocesses and are thread-safe; envs are
+            distinct objects. Records are built in env order afterwards, so results are
+            identical to serial stepping (an env must not draw from global RNGs in
+            ``step``: PettingZoo envs use their own ``np_random``).
     """
 
     def __init__(
@@ -249,6 +284,7 @@ class RolloutCollector:
         agent_to_role: Callable[[str], str] | None = None,
         max_steps_per_episode: int = 10_000,
         share_prefill: bool = True,
+        step_workers: int = 8,
     ) -> None:
         if num_envs % group_size:
             raise ValueError(f"num_envs ({num_envs}) must be a multiple of group_size ({group_size})")
@@ -264,6 +300,9 @@ class RolloutCollector:
         self.agent_to_role = agent_to_role or (lambda a: a)
         self.max_steps_per_episode = max_steps_per_episode
         self.share_prefill = share_prefill
+        if step_workers < 1:
+            raise ValueError(f"step_workers must be >= 1, got {step_workers}")
+        self.step_workers = int(step_workers)
         self.envs: list[Any] = [env_fn() for _ in range(num_envs)]
         self.rng = np.random.default_rng(seed)
         self.next_episode_id = 0
@@ -363,6 +402,7 @@ class RolloutCollector:
         steps = [0] * len(chunk)
         while live:
             requests, owners = [], []
+            overlong: list[tuple[int, str, list[int]]] = []
             still_live = []
             for i in live:
                 env, ep = self.envs[i], episodes[i]
@@ -382,8 +422,7 @@ class RolloutCollector:
                         # No room for even one token: a handled, counted case (never truncate the
                         # prompt silently, it would train on a context the agent never saw).
                         counters["rollout/overlong"] += 1
-                        self._step(env, ep, agent, prompt_ids, None, counters)
-                        steps[i] += 1
+                        overlong.append((i, agent, prompt_ids))
                         continue
                     counters["rollout/context_capped"] += 1
                     sampling = dataclasses.replace(sampling, max_new_tokens=room) if dataclasses.is_dataclass(sampling) else sampling
@@ -392,15 +431,31 @@ class RolloutCollector:
                 requests.append(GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling))
                 owners.append((i, agent, prompt_ids, _temperature(sampling)))
             live = still_live
-            if not requests:
+            results: list[Any] = []
+            if requests:
+                t_gen = time.perf_counter()
+                results = self._generate(requests, counters)
+                counters["perf/generate_s"] += time.perf_counter() - t_gen
+            # every env of this round has exactly one pending action: step them together
+            jobs = [(i, agent, prompt_ids, None, 1.0) for i, agent, prompt_ids in overlong]
+            jobs += [(i, agent, prompt_ids, result, temp) for (i, agent, prompt_ids, temp), result in zip(owners, results, strict=True)]
+            if not jobs:
                 continue
-            t_gen = time.perf_counter()
-            results = self._generate(requests, counters)
-            counters["perf/generate_s"] += time.perf_counter() - t_gen
-            for (i, agent, prompt_ids, temp), result in zip(owners, results, strict=True):
-                self._step(self.envs[i], episodes[i], agent, prompt_ids, result, counters, temperature=temp)
+            stepped = self._step_envs([(self.envs[i], agent, _action_text(result)) for i, agent, _, result, _ in jobs])
+            for (i, agent, prompt_ids, result, temp), outcome in zip(jobs, stepped, strict=True):
+                self._record(episodes[i], agent, prompt_ids, result, outcome, counters, temperature=temp)
                 steps[i] += 1
         return episodes
+
+    def _step_envs(self, jobs: list[tuple[Any, str, str]]) -> list[_Stepped]:
+        """``env.step(text)`` for each ``(env, agent, text)``, concurrently when allowed;
+        outcomes in job order (whatever order the threads finish in)."""
+        workers = min(self.step_workers, len(jobs))
+        if workers <= 1:
+            return [_env_step(*job) for job in jobs]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="marft-env-step") as pool:
+            futures = [pool.submit(_env_step, *job) for job in jobs]
+            return [f.result() for f in futures]  # re-raises an env's exception here
 
     def _generate(self, requests: list[Any], counters: dict[str, float]) -> list[Any]:
         """One ``policy.generate`` call; identical requests (a GRPO group's first actions)
@@ -446,8 +501,22 @@ class RolloutCollector:
         counters: dict[str, float],
         temperature: float = 1.0,
     ) -> None:
-        obs = env.observe(agent)
-        turn = int(obs.get("turn", 0)) if isinstance(obs, dict) else 0
+        """Step ``env`` with ``result`` (None: the prompt did not fit) and record it."""
+        outcome = _env_step(env, agent, _action_text(result))
+        self._record(ep, agent, prompt_ids, result, outcome, counters, temperature=temperature)
+
+    def _record(
+        self,
+        ep: Episode,
+        agent: str,
+        prompt_ids: list[int],
+        result: Any,
+        outcome: _Stepped,
+        counters: dict[str, float],
+        temperature: float = 1.0,
+    ) -> None:
+        """Append the transition of one env step to ``ep`` and credit the step's rewards."""
+        turn = outcome.turn
         if result is None:
             text, response_ids, logprobs, finish, trainable = "", [], [], "overlong", False
         else:
@@ -455,10 +524,9 @@ class RolloutCollector:
             response_ids = list(result.token_ids)
             logprobs = [float(x) for x in result.logprobs]
             finish, trainable = result.finish_reason, len(response_ids) > 0
-        env.step(text)
-        reward = float(env.rewards.get(agent, 0.0))
-        info = env.infos.get(agent, {}) or {}
-        done = bool(env.terminations.get(agent, False) or env.truncations.get(agent, False))
+        reward = float(outcome.rewards.get(agent, 0.0))
+        info = outcome.info
+        done = outcome.done
         flags = list(info.get("flags", []) or [])
         if finish == "overlong":
             flags.append("context_overflow")
@@ -483,7 +551,7 @@ class RolloutCollector:
         ep.transitions.append(tr)
         # Credit this step's rewards to each agent's latest action (the acting agent's is `tr`).
         latest: dict[str, Transition] = {t.agent: t for t in ep.transitions}
-        for a, r in env.rewards.items():
+        for a, r in outcome.rewards.items():
             if a in latest and r:
                 latest[a].credited_reward += float(r)
         counters["rollout/actions"] += 1

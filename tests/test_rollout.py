@@ -174,3 +174,80 @@ def test_train_vs_eval_sampling_settings():
     assert col.sampling_settings(env, "speaker") == {"temperature": 0.9, "max_new_tokens": 7, "top_p": 0.5}
     col_eval = RolloutCollector(lambda: env, ScriptedPolicy(lambda r, p: "red"), num_envs=1, mode="eval")
     assert col_eval.sampling_settings(env, "speaker") == {"temperature": 0.1}
+
+
+# --------------------------------------------------------------------------------------
+# concurrent env stepping (grading) within a generation round
+# --------------------------------------------------------------------------------------
+
+
+class SlowEnv:
+    """Delegates to a real env; ``step`` sleeps (a grader running a program) and records
+    how many steps of different envs overlapped."""
+
+    active = 0
+    peak = 0
+
+    def __init__(self, env, lock, delay: float = 0.05):
+        self.__dict__.update(_env=env, _lock=lock, _delay=delay)
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def step(self, action):
+        import time
+
+        with self._lock:
+            SlowEnv.active += 1
+            SlowEnv.peak = max(SlowEnv.peak, SlowEnv.active)
+        try:
+            time.sleep(self._delay)
+            self._env.step(action)
+        finally:
+            with self._lock:
+                SlowEnv.active -= 1
+
+
+def _records(batch):
+    return [
+        (t.episode_id, t.group_id, t.index, t.turn, t.agent, t.prompt_ids, t.response_ids, t.old_logprobs, t.text, t.finish_reason,
+         t.reward, t.credited_reward, t.team_reward, t.done, t.flags, t.info, t.trainable)
+        for t in batch.transitions
+    ] + [(ep.episode_id, ep.team_return, ep.correct, ep.problem_id, ep.dead_steps) for ep in batch.episodes]
+
+
+@pytest.mark.parametrize("env_id", ["echo-duo-v0", "arith-duo-v0"])
+def test_concurrent_stepping_gives_the_records_of_serial_stepping(env_id):
+    import torch
+
+    sampling = {a: {"max_new_tokens": 4} for a in marft_envs.make(env_id).possible_agents}
+    out = {}
+    for workers in (1, 8):
+        policy = models.TeamPolicy(marft_envs.make(env_id).possible_agents, base="tiny-random")
+        col = RolloutCollector(lambda: marft_envs.make(env_id), policy, num_envs=8, group_size=2, seed=4, sampling_overrides=sampling,
+                               step_workers=workers)
+        torch.manual_seed(0)
+        batches = [col.collect() for _ in range(2)]
+        out[workers] = ([_records(b) for b in batches], [{k: v for k, v in b.metrics.items() if not k.startswith("perf/")} for b in batches])
+    assert out[1] == out[8]
+
+
+def test_envs_of_a_round_are_stepped_concurrently_and_in_order():
+    import threading
+
+    lock = threading.Lock()
+    SlowEnv.active = SlowEnv.peak = 0
+    # the listener's prompt (300 chars) does not fit, the speaker's (250) does: overlong
+    # steps are part of the concurrent round too
+    kw = dict(num_envs=6, seed=2, max_context=280)
+    serial = RolloutCollector(lambda: SlowEnv(marft_envs.make("echo-duo-v0"), lock), ScriptedPolicy(lambda r, p: "red"), step_workers=1, **kw)
+    a = serial.collect()
+    assert SlowEnv.peak == 1
+    conc = RolloutCollector(lambda: SlowEnv(marft_envs.make("echo-duo-v0"), lock), ScriptedPolicy(lambda r, p: "red"), step_workers=4, **kw)
+    b = conc.collect()
+    assert SlowEnv.peak > 1  # envs of one round overlapped (at most 4 at a time)
+    assert SlowEnv.peak <= 4
+    assert _records(a) == _records(b)
+    assert b.metrics["rollout/overlong"] == 6 and not any(t.trainable for t in b.transitions if t.agent == "listener")
+    with pytest.raises(ValueError, match="step_workers"):
+        RolloutCollector(echo_fn(), ScriptedPolicy(lambda r, p: "red"), num_envs=1, step_workers=0)
