@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
