@@ -93,6 +93,12 @@ def chain_gae(
 
     Padding: pad a chain *after* its last real link with anything, and set ``d = 1`` (or a
     zero discount) on the last real link; padded outputs are meaningless, mask them.
+
+    Example: three links, undiscounted, reward 1 at the terminal one::
+
+        >>> adv, ret = chain_gae([0.0, 0.0, 1.0], [0.5, 0.5, 0.5], [0.5, 0.5, 0.0], discounts=1.0, terminal=[0, 0, 1])
+        >>> adv.tolist(), ret.tolist()
+        ([0.5, 0.5, 0.5], [1.0, 1.0, 1.0])
     """
     as_torch = torch.is_tensor(rewards)
     r = _as_tensor(rewards)
@@ -125,6 +131,11 @@ def episode_segments(episode_ids: ArrayLike | None, n: int) -> list[tuple[Any, i
 
     ``None`` means one episode (id 0). Episodes must be contiguous (an episode id that
     reappears after another one is an error: the chains would be ambiguous).
+
+    Example::
+
+        >>> episode_segments([7, 7, 3], 3)
+        [(7, 0, 2), (3, 2, 3)]
     """
     if episode_ids is None:
         return [(0, 0, n)] if n else []
@@ -484,6 +495,13 @@ def grpo_advantages(
 
     Returns:
         advantages, a tensor if ``rewards`` is a tensor, else a numpy float64 array.
+
+    Example: two groups of two samples; the second group has no signal::
+
+        >>> grpo_advantages([1.0, 0.0, 1.0, 1.0], group_ids=[0, 0, 1, 1]).round(4).tolist()
+        [0.7071, -0.7071, 0.0, 0.0]
+        >>> grpo_advantages([1.0, 0.0, 1.0, 1.0], group_ids=[0, 0, 1, 1], normalize="none").tolist()
+        [0.5, -0.5, 0.0, 0.0]
     """
     if scale is not None:
         scale_by_std = scale

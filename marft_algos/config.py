@@ -143,16 +143,20 @@ class TrainConfig:
             _check(not unknown, f"{name} names unknown agents {unknown}; the environment's agents are {list(agents)}")
 
     def agent_lr(self, agent: str) -> float:
+        """The learning rate of ``agent``'s policy (``lr_per_agent`` over ``lr``)."""
         return float(self.lr_per_agent.get(agent, self.lr))
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict with the algorithm name (see :func:`config_to_dict`)."""
         return config_to_dict(self)
 
     def save(self, path: str | Path) -> None:
+        """Write the config as JSON."""
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
+        """Read a config written by :meth:`save` (unknown keys are an error)."""
         data = json.loads(Path(path).read_text())
         data.pop("algo", None)
         return config_from_dict(cls, data)

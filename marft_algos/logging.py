@@ -34,9 +34,16 @@ def agent_metric(agent: str, name: str) -> str:
 
 
 class MetricsWriter(Protocol):
-    def write(self, step: int, metrics: Mapping[str, float]) -> None: ...
-    def flush(self) -> None: ...
-    def close(self) -> None: ...
+    """What a metrics sink implements (JSONL, TensorBoard, or your own)."""
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record ``metrics`` at ``step``."""
+
+    def flush(self) -> None:
+        """Push buffered records to storage."""
+
+    def close(self) -> None:
+        """Flush and release the sink."""
 
 
 def _clean(v: Any) -> Any:
@@ -55,15 +62,18 @@ class JSONLWriter:
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (kept open for the run)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Append one JSON line (NaN/inf become null)."""
         row = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
         self._fh.write(json.dumps(row, sort_keys=True) + "\n")
         self._fh.flush()
 
     def flush(self) -> None:
+        """Flush the file."""
         self._fh.flush()
         os.fsync(self._fh.fileno())
 
     def close(self) -> None:
+        """Close the file."""
         if not self._fh.closed:
             self.flush()
             self._fh.close()
@@ -78,14 +88,17 @@ class TensorBoardWriter:
         self._w = SummaryWriter(log_dir=str(log_dir))
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Add every finite scalar at ``step``."""
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
                 self._w.add_scalar(k, float(v), global_step=int(step))
 
     def flush(self) -> None:
+        """Flush the event file."""
         self._w.flush()
 
     def close(self) -> None:
+        """Close the event file."""
         self._w.close()
 
 
@@ -120,20 +133,24 @@ class MetricsLogger:
             path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Write ``metrics`` at ``step`` to every writer."""
         for w in self.writers:
             w.write(step, metrics)
 
     def log_transcripts(self, step: int, episodes: Iterable[Any]) -> None:
+        """Append the episodes' transcripts (one JSON line each) to ``transcripts.jsonl``."""
         with open(self.transcripts_path, "a", encoding="utf-8") as fh:
             for ep in episodes:
                 data = ep.transcript() if hasattr(ep, "transcript") else ep
                 fh.write(json.dumps({"step": int(step), "episode": data}) + "\n")
 
     def flush(self) -> None:
+        """Flush every writer."""
         for w in self.writers:
             w.flush()
 
     def close(self) -> None:
+        """Close every writer."""
         for w in self.writers:
             w.close()
 

@@ -41,14 +41,26 @@ def _mask_like(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor | None, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
-    """``sum(x * mask)`` over ``dim`` (all dims if None), ignoring whatever sits under mask = 0."""
+    """``sum(x * mask)`` over ``dim`` (all dims if None), ignoring whatever sits under mask = 0.
+
+    Example (the padded 99 is ignored)::
+
+        >>> masked_sum(torch.tensor([[1.0, 2.0, 99.0]]), torch.tensor([[1.0, 1.0, 0.0]])).item()
+        3.0
+    """
     m = _mask_like(x, mask)
     z = torch.where(m, x, torch.zeros_like(x))
     return z.sum() if dim is None else z.sum(dim=dim)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
-    """``sum(x * mask) / sum(mask)`` over ``dim``; an empty mask gives 0, not NaN."""
+    """``sum(x * mask) / sum(mask)`` over ``dim``; an empty mask gives 0, not NaN.
+
+    Example::
+
+        >>> masked_mean(torch.tensor([[1.0, 2.0, 99.0]]), torch.tensor([[1.0, 1.0, 0.0]])).item()
+        1.5
+    """
     m = _mask_like(x, mask)
     total = masked_sum(x, m, dim)
     count = m.sum() if dim is None else m.sum(dim=dim)
@@ -73,6 +85,12 @@ def action_logprob(
     "sum" a long action's ratio moves much more per update than a short one's; "token"
     and "word" temper that (a geometric mean per token / per word). Counts are clamped
     to >= 1 so an empty action gives 0, not NaN.
+
+    Example: a 2-token action of 3 words::
+
+        >>> lp, mask = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+        >>> [action_logprob(lp, mask, n).item() for n in ("sum", "token")], action_logprob(lp, mask, "word", n_words=[3]).item()
+        ([-3.0, -1.5], -1.0)
     """
     total = masked_sum(token_logp, mask, dim=-1)
     if norm == "sum":
@@ -116,6 +134,12 @@ def ppo_policy_loss(
         ``(loss, stats)`` with detached stats: ``clip_frac`` (fraction of entries where the
         clip is active), ``clip_frac_low``, ``clip_frac_high``, ``ratio_mean``,
         ``ratio_max``, ``ratio_min``.
+
+    Example: ratios 1.5 and 0.5, both with advantage 1; the first is clipped at 1.2::
+
+        >>> loss, stats = ppo_policy_loss(torch.log(torch.tensor([1.5, 0.5])), torch.zeros(2), torch.ones(2))
+        >>> round(loss.item(), 4), stats["clip_frac"].item()     # mean(-1.2, -0.5)
+        (-0.85, 0.5)
     """
     if agg not in ("token", "sequence"):
         raise ValueError(f"agg must be 'token' or 'sequence', got {agg!r}")
@@ -154,6 +178,11 @@ def huber(error: torch.Tensor, delta: float = 1.0) -> torch.Tensor:
 
     Its gradient is ``clip(e, -delta, delta)`` on BOTH sides (the reference's version gave
     zero gradient to errors below -delta).
+
+    Example::
+
+        >>> huber(torch.tensor([-3.0, 0.5, 3.0]), delta=1.0).tolist()
+        [2.5, 0.125, 2.5]
     """
     a = error.abs()
     return torch.where(a <= delta, 0.5 * error**2, delta * (a - 0.5 * delta))
@@ -180,6 +209,11 @@ def value_loss(
         loss   = mean max(l(R - V), l(R - V_clip))
 
     Note the argument order: ``(values, returns, old_values)``.
+
+    Example::
+
+        >>> value_loss(torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0]), kind="mse").item()   # mean(0.5, 0)
+        0.25
     """
     if kind not in ("huber", "mse"):
         raise ValueError(f"kind must be 'huber' or 'mse', got {kind!r}")
@@ -213,6 +247,12 @@ def approx_kl(
 
     ``kind="both"`` returns a dict ``{"k1": ..., "k3": ...}``. This is the quantity the
     KL hard cut compares with its threshold.
+
+    Example: ratios 0.5 and 2 (k1 cancels, k3 does not)::
+
+        >>> kl = approx_kl(torch.log(torch.tensor([0.5, 2.0])), torch.zeros(2), kind="both")
+        >>> round(kl["k1"].item(), 6), round(kl["k3"].item(), 4)
+        (0.0, 0.25)
     """
     m = _mask_like(logp, mask)
     lr = (logp - old_logp.to(logp.dtype)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -241,6 +281,11 @@ def kl_to_reference(
 
     (as in GRPO). ``pi_ref`` is the base model with the adapters disabled. ``agg`` as in
     :func:`ppo_policy_loss`.
+
+    Example::
+
+        >>> round(kl_to_reference(torch.tensor([-1.0]), torch.tensor([-2.0])).item(), 4)   # e^-1 - (-1) - 1
+        0.3679
     """
     m = _mask_like(logp, mask)
     d = (ref_logp.to(logp.dtype) - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -251,6 +296,12 @@ def kl_to_reference(
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor | None = None, coef: float = 1.0) -> torch.Tensor:
-    """``coef * masked_mean(entropy)``: the bonus to SUBTRACT from the loss (``loss - bonus``)."""
+    """``coef * masked_mean(entropy)``: the bonus to SUBTRACT from the loss (``loss - bonus``).
+
+    Example::
+
+        >>> round(entropy_bonus(torch.tensor([[1.0, 3.0]]), None, coef=0.1).item(), 6)
+        0.2
+    """
     return coef * masked_mean(entropy, mask)
 

@@ -337,6 +337,7 @@ class CollapseRecovery:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     def settings_dict(self) -> dict[str, Any]:
+        """The thresholds in force, as a dict."""
         return asdict(self.s)
 
 

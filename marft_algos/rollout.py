@@ -99,6 +99,7 @@ class Transition:
 
     @property
     def num_tokens(self) -> int:
+        """Number of sampled tokens."""
         return len(self.response_ids)
 
 
@@ -117,13 +118,16 @@ class Episode:
     info: dict[str, Any] = field(default_factory=dict)
 
     def agent_transitions(self, agent: str) -> list[Transition]:
+        """``agent``'s transitions, in execution order."""
         return [t for t in self.transitions if t.agent == agent]
 
     def agent_return(self, agent: str) -> float:
+        """The sum of ``agent``'s own rewards in this episode."""
         return float(sum(t.reward for t in self.transitions if t.agent == agent))
 
     @property
     def num_tokens(self) -> int:
+        """Sampled tokens over all actions of the episode."""
         return sum(t.num_tokens for t in self.transitions)
 
     def transcript(self) -> dict[str, Any]:
@@ -161,19 +165,23 @@ class RolloutBatch:
 
     @property
     def transitions(self) -> list[Transition]:
+        """Every transition, episode by episode, in execution order."""
         return [t for ep in self.episodes for t in ep.transitions]
 
     def agent_transitions(self, agent: str, trainable_only: bool = True) -> list[Transition]:
+        """``agent``'s transitions (trainable ones only by default)."""
         return [t for t in self.transitions if t.agent == agent and (t.trainable or not trainable_only)]
 
     @property
     def agents(self) -> list[str]:
+        """The agents that acted, in order of first appearance."""
         seen: dict[str, None] = {}
         for t in self.transitions:
             seen.setdefault(t.agent, None)
         return list(seen)
 
     def groups(self) -> dict[int, list[Episode]]:
+        """Episodes by GRPO group id."""
         out: dict[int, list[Episode]] = defaultdict(list)
         for ep in self.episodes:
             out[ep.group_id].append(ep)
@@ -312,6 +320,7 @@ class RolloutCollector:
 
     # --- state (checkpointed: the problem stream continues exactly on resume) --------
     def state_dict(self) -> dict[str, Any]:
+        """The problem stream's state (RNG, ids, counts): checkpointed so a resumed run continues it."""
         return {
             "rng": self.rng.bit_generator.state,
             "next_episode_id": self.next_episode_id,
@@ -320,6 +329,7 @@ class RolloutCollector:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.rng.bit_generator.state = state["rng"]
         self.next_episode_id = int(state["next_episode_id"])
         self.next_group_id = int(state["next_group_id"])
@@ -327,6 +337,7 @@ class RolloutCollector:
 
     @property
     def possible_agents(self) -> list[str]:
+        """The env's agents (= policy roles by default)."""
         return list(self.envs[0].possible_agents)
 
     # --- sampling settings -----------------------------------------------------------

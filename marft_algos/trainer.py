@@ -122,6 +122,7 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 
 
 def list_algorithms() -> list[AlgorithmSpec]:
+    """Every registered algorithm, sorted by name."""
     _discover()
     return [ALGORITHMS[k] for k in sorted(ALGORITHMS)]
 
@@ -153,6 +154,7 @@ def _lr_lambda(warmup: int, total: int, kind: str) -> Callable[[int], float]:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global RNGs."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -171,6 +173,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore states written by :func:`rng_state`."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -260,12 +263,14 @@ class Trainer(ABC):
     # ---- construction hooks ------------------------------------------------------
     @staticmethod
     def default_env_fn(config: TrainConfig) -> Callable[[], Any]:
+        """A factory of env copies: ``marft_envs.make(config.env_id, **config.env_kwargs)``."""
         import marft_envs
 
         env_id, kwargs = config.env_id, dict(config.env_kwargs)
         return lambda: marft_envs.make(env_id, **kwargs)
 
     def build_collector(self, env_fn: Callable[[], Any]) -> RolloutCollector:
+        """The rollout collector over ``config.num_envs`` env copies (groups of ``group_size``)."""
         c = self.config
         return RolloutCollector(
             env_fn,
@@ -325,6 +330,7 @@ class Trainer(ABC):
         return optimizers
 
     def build_schedulers(self) -> dict[str, torch.optim.lr_scheduler.LRScheduler]:
+        """One LambdaLR (warm-up, then constant or linear decay) per distinct optimizer."""
         c = self.config
         total = max(1, c.steps * c.ppo_epochs * c.num_minibatches)
         out: dict[str, torch.optim.lr_scheduler.LRScheduler] = {}
@@ -659,6 +665,7 @@ class Trainer(ABC):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (policy weights are loaded separately, by ``policy.load``)."""
         self.global_step = int(state["global_step"])
         self.optimizer_steps = defaultdict(int, state.get("optimizer_steps", {}))
         self.counters = defaultdict(float, state.get("counters", {}))

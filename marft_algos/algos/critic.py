@@ -75,6 +75,7 @@ class Critic:
         return self.vm.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into the heads (and the critic adapter)."""
         self.vm.load_state_dict(state)
 
     # ---- cached features (frozen base only) ------------------------------------------

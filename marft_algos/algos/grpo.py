@@ -42,6 +42,7 @@ class GRPOTrainer(Trainer):
 
     # ---- rollouts with DAPO dynamic sampling ----------------------------------------
     def collect(self) -> RolloutBatch:
+        """One batch of ``num_envs // group_size`` groups; with dynamic sampling, no-signal groups are dropped and more are collected (DAPO)."""
         c = self.config
         num_groups = c.num_envs // c.group_size
         batch = super().collect()

@@ -51,28 +51,33 @@ class IPPOTrainer(Trainer):
 
     # ---- modules ---------------------------------------------------------------------
     def setup(self) -> None:
+        """Build the per-agent value heads on the frozen base (or take the given value model)."""
         from marft_algos.models import ValueModel
 
         vm = self._value_model_arg
         self.value_model = vm if vm is not None else ValueModel(self.policy, per_agent=True)
 
     def value_parameters(self, agent: str) -> list[torch.nn.Parameter]:
+        """The trainable parameters of ``agent``'s value head."""
         vm = self.value_model
         if hasattr(vm, "trainable_parameters"):
             return [p for p in vm.trainable_parameters(agent) if p.requires_grad]
         return [p for p in vm.heads[agent].parameters() if p.requires_grad]
 
     def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The policy optimizers plus one AdamW per value head (``value/<agent>``)."""
         opts = super().build_optimizers()
         for agent in self.agents:
             opts[f"value/{agent}"] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.value_lr, eps=self.config.adam_eps)
         return opts
 
     def optimizer_keys(self, agent: str) -> list[str]:
+        """An agent's minibatch steps its policy and its own value head."""
         return [agent, f"value/{agent}"]
 
     # ---- values and advantages --------------------------------------------------------
     def values_of(self, agent: str, prompts: list[list[int]]) -> torch.Tensor:
+        """``V_agent(o)`` for each prompt -> ``[B]`` (with grad unless under ``no_grad``)."""
         return self.value_model.values(agent, prompts).reshape(-1).float()
 
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
@@ -135,6 +140,7 @@ class IPPOTrainer(Trainer):
 
     # ---- losses ------------------------------------------------------------------------
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped surrogate (+ KL to the reference) minus the entropy bonus."""
         from marft_algos import losses
 
         loss, m = super().policy_loss(agent, mb, stats)
@@ -163,6 +169,7 @@ class IPPOTrainer(Trainer):
 
     # ---- checkpoint: value heads ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The runtime's state plus every value head's weights."""
         state = super().state_dict()
         state["value_heads"] = {
             agent: [p.detach().cpu().clone() for p in self.value_parameters(agent)] for agent in self.agents
@@ -170,6 +177,7 @@ class IPPOTrainer(Trainer):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (value heads in place, then the runtime's state)."""
         with torch.no_grad():
             for agent, tensors in state["value_heads"].items():
                 for p, t in zip(self.value_parameters(agent), tensors, strict=True):

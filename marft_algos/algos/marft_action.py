@@ -127,6 +127,7 @@ class MARFTConfig(TrainConfig):
         )
 
     def recovery_settings(self) -> Any:
+        """The ``recovery_*`` fields as :class:`marft_algos.recovery.RecoverySettings`."""
         from marft_algos.recovery import RecoverySettings
 
         return RecoverySettings(
@@ -187,12 +188,14 @@ class MARFTTrainerBase(Trainer):
 
     # ---- modules -------------------------------------------------------------------
     def setup(self) -> None:
+        """Build the critic (shared head by default, per agent on request) on the frozen base."""
         from marft_algos.algos.critic import Critic
 
         c = self.config
         self.critic = Critic(self.policy, self.agents, per_agent=c.critic_per_agent, lora=c.critic_lora, value_model=self._value_model_arg)
 
     def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The policy optimizers plus the critic's (``"critic"``), at the current rollback lr scale."""
         opts = super().build_optimizers()
         opts["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=self.config.critic_lr * self.lr_scale, eps=self.config.adam_eps)
         return opts
@@ -200,6 +203,7 @@ class MARFTTrainerBase(Trainer):
     def optimizer_keys(self, agent: str) -> list[str]:
         # train_minibatch steps the critic and the agent's policy separately, so that a KL hard
         # cut (or a non-finite policy loss) never stops the critic from training
+        """The agent's policy optimizer, or the critic's while :meth:`critic_step` runs."""
         return list(self._step_keys) if self._step_keys is not None else [agent]
 
     # ---- schedule ------------------------------------------------------------------
@@ -215,6 +219,7 @@ class MARFTTrainerBase(Trainer):
 
     def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
         # no policy update at this step (critic warm-up): no old/reference log-probs needed
+        """Old / reference log-probs, skipped when no policy steps (critic warm-up)."""
         if self.scheduled_agents():
             super().prepare_update(batch, chunk)
 
@@ -244,6 +249,7 @@ class MARFTTrainerBase(Trainer):
         return metrics
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """Critic on every agent's data; policy steps for the scheduled agents only."""
         self._active = set(self.scheduled_agents())
         out = super().update(batch)
         for agent in self.agents:
@@ -251,6 +257,7 @@ class MARFTTrainerBase(Trainer):
         return out
 
     def critic_step(self, agent: str, mb: list[Transition]) -> dict[str, float]:
+        """One guarded critic optimizer step on ``agent``'s minibatch (never vetoed by the KL cut)."""
         loss, metrics = self.critic_loss(agent, mb)
         self._step_keys = ["critic"]
         try:
@@ -262,6 +269,7 @@ class MARFTTrainerBase(Trainer):
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
     def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The critic's loss on ``agent``'s minibatch and its metrics (implemented per level)."""
         raise NotImplementedError
 
     def entropy_and_penalties(self, agent: str, mb: list[Transition], stats: Any, loss: torch.Tensor, m: dict[str, float]) -> torch.Tensor:
@@ -300,6 +308,7 @@ class MARFTTrainerBase(Trainer):
 
     # ---- loop: recovery --------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
+        """One step, then the collapse check (which may roll back)."""
         if self.recovery is not None and self.recovery.good is None:
             self.recovery.start()  # the starting weights are the first good checkpoint
         m = super().train_step()
@@ -308,6 +317,7 @@ class MARFTTrainerBase(Trainer):
         return m
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
+        """Train as the runtime does; the recovery checkpoints are forgotten at the end."""
         try:
             return super().train(steps)
         finally:
@@ -404,6 +414,7 @@ class MARFTActionTrainer(MARFTTrainerBase):
 
     # ---- losses ----------------------------------------------------------------------------
     def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Value loss of ``V(o)`` against the action-level returns (optionally clipped)."""
         from marft_algos import losses
 
         c = self.config

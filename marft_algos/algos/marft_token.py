@@ -139,6 +139,7 @@ class MARFTTokenTrainer(MARFTTrainerBase):
 
     # ---- losses ----------------------------------------------------------------------------
     def advantages_tensor(self, mb: list[Transition], stats: Any) -> torch.Tensor:
+        """Per-token advantages ``[B, T]`` from the token-level backup."""
         return pad_sequences([t.extras["token_adv"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
 
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
@@ -158,6 +159,7 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         return loss, m
 
     def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Masked value loss of the per-token values against the token returns."""
         from marft_algos import losses
 
         c = self.config

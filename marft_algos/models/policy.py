@@ -57,6 +57,7 @@ class LoraSettings:
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
     def to_peft(self) -> Any:
+        """The equivalent peft ``LoraConfig``."""
         from peft import LoraConfig
 
         return LoraConfig(
@@ -299,9 +300,11 @@ class TeamPolicy:
         return self._base(role).backbone_owner
 
     def tokenizer(self, role: str) -> Any:
+        """The tokenizer of ``role``'s base."""
         return self._base(role).tokenizer
 
     def max_context(self, role: str) -> int:
+        """The prompt + response token limit of ``role``'s base."""
         return self._base(role).max_context
 
     @property

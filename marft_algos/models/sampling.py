@@ -54,6 +54,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
+        """Argmax decoding (``greedy`` or temperature 0)."""
         return self.greedy or self.temperature == 0.0
 
 

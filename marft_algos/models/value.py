@@ -45,6 +45,7 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.net[2].bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Values ``[...]`` from hidden states ``[..., H]`` (computed in fp32)."""
         return self.net(h.float()).squeeze(-1)
 
 
@@ -147,6 +148,7 @@ class ValueModel:
         return params + list(self._critic_params)
 
     def parameters(self) -> list[nn.Parameter]:
+        """Every trainable parameter (all heads, and the critic adapter if any)."""
         return self.trainable_parameters(None)
 
     # ------------------------------------------------------------------------------------
@@ -217,6 +219,7 @@ class ValueModel:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` in place."""
         self.heads.load_state_dict(state["heads"])
         if self.critic_adapter is not None:
             saved = state.get("critic")
@@ -227,6 +230,7 @@ class ValueModel:
                     p.copy_(v.to(p.device))
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``value.pt`` and ``value.json`` to ``directory``; returns it."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         torch.save(self.state_dict(), out / "value.pt")
@@ -235,6 +239,7 @@ class ValueModel:
         return out
 
     def load(self, directory: str | os.PathLike[str]) -> None:
+        """Load what :meth:`save` wrote (the head layout must match); parameters stay trainable."""
         src = Path(directory)
         meta = json.loads((src / "value.json").read_text())
         if bool(meta.get("per_agent")) != self.per_agent:
