@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from marft_envs.sandbox import LEVELS, available_levels, run_tests
+from marft_envs.sandbox import core as sandbox_core
 
 TIMEOUT = 1.5  # seconds per hostile run
 MARGIN = 1.0  # allowed overrun: kill, reap and clean-up
@@ -128,23 +129,46 @@ def test_huge_output(level: str) -> None:
     assert len(r.stdout) <= 100_000 and r.output_truncated
 
 
-def test_write_outside_workdir(level: str, outside: dict[str, Path]) -> None:
-    if level == "rlimits+socket-block" and os.geteuid() == 0:
-        pytest.skip("without namespaces only file permissions protect files: none for root")
-    prog = (f"import os\nfor p in [{str(outside['new'])!r}, {str(outside['victim'])!r},\n"
-            f"          '/etc/marft-pwned', '/tmp/marft-pwned']:\n"
+FALLBACK = "rlimits+socket-block"
+
+
+def _world_writable_guarded(level: str) -> bool:
+    """Whether /tmp (writable by every uid) is off limits to the program at ``level``."""
+    return level != FALLBACK or sandbox_core._landlock_abi() > 0
+
+
+def _skip_if_files_unguarded(level: str) -> None:
+    if level == FALLBACK and os.geteuid() != 0 and not sandbox_core._landlock_abi():
+        pytest.skip("fallback level as a non-root user without Landlock: the program runs "
+                    "as the grader's own uid, so file permissions cannot keep it out of "
+                    "the grader's files (install bubblewrap or allow user namespaces)")
+
+
+def _write_outside(level: str, outside: dict[str, Path], tmp_checked: bool) -> None:
+    paths = [str(outside["new"]), str(outside["victim"]), "/etc/marft-pwned"]
+    if tmp_checked:
+        paths.append("/tmp/marft-pwned")
+    prog = (f"import os\nfor p in {paths!r}:\n"
             "    try:\n        open(p, 'w').write('pwned')\n"
             "    except OSError:\n        pass\n"
             "def solve(x):\n    return None\n")
     _run(prog, level)
     assert not outside["new"].exists()
     assert outside["victim"].read_text() == "original"
-    assert not Path("/etc/marft-pwned").exists() and not Path("/tmp/marft-pwned").exists()
+    assert not Path("/etc/marft-pwned").exists()
+    if tmp_checked:
+        assert not Path("/tmp/marft-pwned").exists()
+
+
+def test_write_outside_workdir(level: str, outside: dict[str, Path]) -> None:
+    # At the fallback level a root grader's program runs as uid 65534 (file permissions
+    # apply) and, where the kernel has Landlock, may write only in its work dir.
+    _skip_if_files_unguarded(level)
+    _write_outside(level, outside, tmp_checked=_world_writable_guarded(level))
 
 
 def test_delete_files(level: str, outside: dict[str, Path]) -> None:
-    if level == "rlimits+socket-block" and os.geteuid() == 0:
-        pytest.skip("without namespaces only file permissions protect files: none for root")
+    _skip_if_files_unguarded(level)
     prog = (f"import os, shutil\n"
             f"try:\n    os.remove({str(outside['victim'])!r})\nexcept OSError:\n    pass\n"
             f"shutil.rmtree({str(outside['vdir'])!r}, ignore_errors=True)\n"
@@ -154,18 +178,58 @@ def test_delete_files(level: str, outside: dict[str, Path]) -> None:
     assert (outside["vdir"] / "inner.txt").read_text() == "inner"
 
 
-def test_read_environment(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MARFT_TEST_SECRET", SECRET)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop happens only for a root grader")
+def test_uid_drop_alone_guards_files(outside: dict[str, Path],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Landlock (simulated) the fallback level still keeps a root grader's
+    private files safe: the program runs as uid 65534."""
+    if available_levels()[FALLBACK] is not None:
+        pytest.skip(f"fallback level refused here: {available_levels()[FALLBACK]}")
+    monkeypatch.setattr(sandbox_core, "_landlock", [0])
+    _write_outside(FALLBACK, outside, tmp_checked=False)
+    r = run_tests("import os\ndef uid():\n    return (os.getuid(), os.geteuid(), os.getgroups())\n",
+                  ["assert uid() == (65534, 65534, [])"], timeout=5, isolation=FALLBACK)
+    assert r.passed, r
+
+
+def _grade_in_child(program: str, level: str, tests: list[str],
+                    env: dict[str, str] | None = None) -> tuple[dict, str]:
+    """Grade in a fresh grader process (optionally with ``env`` from its start): the
+    program may write into the grader's pipes or read its /proc entries, and this
+    test process's own state is what the child inherits, not what it exposes."""
+    # Program and tests travel on stdin: nothing secret-looking in the grader's cmdline.
+    code = ("import json, sys, time\nfrom marft_envs.sandbox import run_tests\n"
+            "job = json.loads(sys.stdin.read())\nt0 = time.monotonic()\n"
+            f"r = run_tests(job['program'], job['tests'], timeout={TIMEOUT}, "
+            f"isolation={level!r})\n"
+            "print(json.dumps({'passed': r.passed, 'n_passed': r.n_passed, 'error': r.error,\n"
+            "                  'elapsed': time.monotonic() - t0}))\n")
+    job = json.dumps({"program": program, "tests": tests}).encode()
+    out = subprocess.run([sys.executable, "-c", code], input=job,
+                         capture_output=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    stdout = out.stdout.decode("utf-8", "replace")  # the program may write into this pipe
+    res = json.loads(stdout[stdout.rindex('{"passed"'):].splitlines()[0])
+    print(f"[{level}] {res}")
+    return res, stdout
+
+
+def test_read_environment(level: str) -> None:
+    # The secret is in the grader's environment from its start (monkeypatching os.environ
+    # would not put it in /proc/<grader>/environ, which is what a program would read).
     prog = ("import os\n"
             "def solve(x):\n"
             "    seen = repr(dict(os.environ))\n"
-            "    for pid in [os.getppid(), 1, " + str(os.getpid()) + "] + os.listdir('/proc'):\n"
+            "    for pid in [os.getppid(), 1] + os.listdir('/proc'):\n"
             "        try:\n"
             "            seen += open(f'/proc/{pid}/environ', 'rb').read().decode('latin-1')\n"
             "        except Exception:\n"
             "            pass\n"
             "    return seen\n")
-    _run(prog, level, tests=[f"assert {SECRET!r} in solve(0)"])
+    env = {**os.environ, "MARFT_TEST_SECRET": SECRET}
+    res, _ = _grade_in_child(prog, level, [f"assert {SECRET!r} in solve(0)"], env=env)
+    assert not res["passed"] and res["n_passed"] == 0, "the program read the grader's secret"
+    assert res["elapsed"] <= TIMEOUT + MARGIN
 
 
 def test_socket_to_local_listener(level: str) -> None:
@@ -274,17 +338,7 @@ def test_forged_reports_through_proc_fds(level: str) -> None:
             "def solve(x):\n    return None\n")
     # The grader runs in a child process: the program writes into every pipe it finds
     # there, and this test process's own pipes (other tests' workers) stay untouched.
-    code = ("import json, sys, time\nfrom marft_envs.sandbox import run_tests\n"
-            "t0 = time.monotonic()\n"
-            f"r = run_tests(sys.stdin.read(), {TESTS!r}, timeout={TIMEOUT}, isolation={level!r})\n"
-            "print(json.dumps({'passed': r.passed, 'n_passed': r.n_passed, 'error': r.error,\n"
-            "                  'elapsed': time.monotonic() - t0}))\n")
-    out = subprocess.run([sys.executable, "-c", code], input=prog.encode(),
-                         capture_output=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-2000:]
-    stdout = out.stdout.decode("utf-8", "replace")  # the program wrote into this pipe too
-    res = json.loads(stdout[stdout.rindex('{"passed"'):].splitlines()[0])
-    print(f"[{level}] {res}")
+    res, _ = _grade_in_child(prog, level, TESTS)
     assert not res["passed"] and res["n_passed"] == 0
     assert res["elapsed"] <= TIMEOUT + MARGIN
 

@@ -2,7 +2,7 @@
 
 Quick use::
 
-    from marft_envs.sandbox import run_tests, run_many, isolation_level
+    from marft_envs.sandbox import run_tests, run_many, isolation_level, describe_isolation
     r = run_tests("def add(a, b):\\n    return a + b\\n",
                   ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], timeout=5)
     r.passed, r.n_passed, r.n_tests, r.tests[0].error, r.isolation
@@ -35,11 +35,21 @@ forces one):
 ``"rlimits+socket-block"``
     No namespaces: rlimits plus the seccomp filter, which here also refuses
     ``setsid``/``setpgid`` so that killing the process group kills everything.
-    The filesystem is protected only by file permissions (weak as root).
+    A root grader's program runs as uid/gid 65534 (work dir chowned to it, no
+    groups, bounding set empty, ``no_new_privs``), so file permissions apply and
+    root's ``/proc/<pid>/environ`` is unreadable; where the kernel has Landlock
+    the program may write only in its work dir (not even in /tmp). While such a
+    run is live the grader process is non-dumpable (its ``/proc`` entries need
+    CAP_SYS_PTRACE), which keeps a same-uid program out of them.
 
-Process-count limit: ``RLIMIT_NPROC`` is ignored for uid 0, so when running as
-root a per-run cgroup (v1 ``pids`` controller) caps the number of processes;
-in a pid namespace, killing its init also kills every process in it.
+Process-count limit: ``RLIMIT_NPROC`` is ignored for uid 0, so a per-run
+cgroup caps the number of processes (``pids.max``) and the total memory: cgroup
+v1 ``pids``/``memory`` hierarchies, or a child of a delegated cgroup v2
+(``$MARFT_SANDBOX_CGROUP``, else this process's own cgroup); see
+:mod:`marft_envs.sandbox.cgroups`. Without a usable cgroup and with uid 0 in
+the sandbox there is no cap: ``describe_isolation()`` says so (``nproc_cap:
+"none (why)"``) and the first such run logs a warning. In a pid namespace,
+killing its init also kills every process in it.
 
 Grading that the program cannot forge
 -------------------------------------
@@ -84,6 +94,7 @@ from marft_envs.sandbox.core import (
     TestJob,
     TestResult,
     available_levels,
+    describe_isolation,
     isolation_level,
     run_many,
     run_program,
@@ -98,6 +109,7 @@ __all__ = [
     "TestJob",
     "TestResult",
     "available_levels",
+    "describe_isolation",
     "isolation_level",
     "run_many",
     "run_program",

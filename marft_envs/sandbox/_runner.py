@@ -318,6 +318,114 @@ def drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
+def drop_to_user(workdir: str, uid: int, gid: int) -> list[int]:
+    """Root without namespaces: give ``workdir`` to ``uid:gid`` and become that user for
+    good (no supplementary groups, no capabilities, no_new_privs). File permissions
+    then protect the host, and ``/proc/<pid>/environ`` of root processes (the grader's
+    secrets) is unreadable. Returns the fds kept open for the import path."""
+    import ctypes
+
+    libc = _libc()
+    for root, dirs, files in os.walk(workdir):
+        for name in [root] + [os.path.join(root, n) for n in dirs + files]:
+            os.chown(name, uid, gid, follow_symlinks=False)
+    # sys.path dirs the new user cannot search (a Python under /root, mode 0700) stay
+    # reachable through O_PATH fds opened now; nothing else under them becomes readable.
+    path_fds = {}
+    for p in sys.path:
+        if p and p not in path_fds and os.path.isdir(p):
+            path_fds[p] = os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except OSError:
+        last = 40
+    for cap in range(last + 1):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP: no way back through exec
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: setuid binaries inert
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    try:
+        os.setuid(0)
+    except PermissionError:
+        pass
+    else:
+        raise OSError("could regain uid 0 after dropping privileges")
+    if os.geteuid() != uid or os.getegid() != gid or os.getgroups():
+        raise OSError("privilege drop incomplete")
+    moved = {p: f"/proc/self/fd/{fd}" for p, fd in path_fds.items()
+             if not os.access(p, os.R_OK | os.X_OK)}
+    sys.path[:] = [moved.get(p, p) for p in sys.path]
+    for mod in list(sys.modules.values()):  # packages already imported (collections, ...)
+        search = getattr(mod, "__path__", None)
+        if isinstance(search, list):
+            search[:] = [_moved_path(p, moved) for p in search]
+    kept = [path_fds[p] for p in moved]
+    for fd in set(path_fds.values()) - set(kept):
+        os.close(fd)
+    return kept
+
+
+def _moved_path(path: str, moved: dict[str, str]) -> str:
+    for old, new in moved.items():
+        if path == old or path.startswith(old.rstrip("/") + "/"):
+            return new + path[len(old.rstrip("/")):]
+    return path
+
+
+# Landlock filesystem rights (uapi/linux/landlock.h); reads stay governed by permissions.
+_LL_WRITE_FILE, _LL_TRUNCATE = 1 << 1, 1 << 14
+_LL_DIR_WRITES = sum(1 << b for b in range(4, 13))  # remove_*, make_* (ABI 1)
+_LL_REFER = 1 << 13  # ABI 2
+
+
+def landlock_workdir(workdir: str) -> bool:
+    """Kernel-enforced (Landlock, Linux >= 5.13, no privileges needed): writes, creates,
+    deletes and renames only beneath ``workdir`` (and writes to /dev/null), even in
+    world-writable places such as /tmp that a uid drop leaves open. It does not hide
+    ``/proc/<pid>/environ`` (measured): the uid drop and a non-dumpable grader do that.
+    False (nothing done) where the kernel lacks Landlock."""
+    import ctypes
+
+    libc = _libc()
+    abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(VERSION)
+    if abi < 1:
+        return False
+    handled = _LL_WRITE_FILE | _LL_DIR_WRITES
+    if abi >= 2:
+        handled |= _LL_REFER
+    if abi >= 3:
+        handled |= _LL_TRUNCATE
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    attr = ctypes.c_uint64(handled)  # struct landlock_ruleset_attr, fs field only
+    ruleset = libc.syscall(444, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    try:
+        for path, access in ((workdir, handled),
+                             ("/dev/null", handled & (_LL_WRITE_FILE | _LL_TRUNCATE))):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = PathBeneath(access, fd)
+                if libc.syscall(445, ruleset, 1, ctypes.byref(rule), 0) != 0:
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule {path} failed")
+            finally:
+                os.close(fd)
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # restrict_self needs no_new_privs
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
+        if libc.syscall(446, ruleset, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(ruleset)
+    return True
+
+
 def set_limits(lim: dict) -> None:
     import resource
 
@@ -351,10 +459,17 @@ def stub_main(cfg: dict) -> None:
     _extend_path(cfg.get("sys_path"))
     keep = [cfg.get("req"), cfg.get("resp")]
     try:
+        import ctypes  # noqa: F401 - imported before any privilege drop can hide them
+        import resource  # noqa: F401
+
         if cfg.get("readonly"):
             readonly_root(cfg["workdir"])
         if cfg.get("drop_caps"):
             drop_capabilities()
+        if cfg.get("drop_to"):
+            keep += drop_to_user(cfg["workdir"], *cfg["drop_to"])
+        if cfg.get("landlock"):
+            landlock_workdir(cfg["workdir"])
         set_limits(cfg["limits"])
         if cfg.get("seccomp", True):
             install_seccomp(block_setsid=cfg.get("block_setsid", False))

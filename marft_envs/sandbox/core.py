@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import math
 import os
 import selectors
@@ -19,11 +20,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from . import cgroups
 
 __all__ = [
     "LEVELS",
@@ -33,6 +37,7 @@ __all__ = [
     "TestJob",
     "TestResult",
     "available_levels",
+    "describe_isolation",
     "isolation_level",
     "run_many",
     "run_program",
@@ -129,6 +134,110 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
+_NOBODY = (65534, 65534)  # uid/gid a root grader's fallback sandbox runs as
+
+
+def _drops_uid(level: str) -> bool:
+    """Without namespaces only file permissions guard the host, and root has none."""
+    return level == "rlimits+socket-block" and _is_root()
+
+
+def _sandbox_uid(level: str) -> int:
+    """The uid the program runs as, as the host kernel sees it."""
+    return _NOBODY[0] if _drops_uid(level) else os.getuid()
+
+
+_landlock: list[int] = []
+
+
+def _landlock_abi() -> int:
+    """Landlock ABI version of this kernel (0: unavailable); probed once."""
+    if not _landlock:
+        try:
+            import ctypes
+
+            abi = ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1)
+        except (OSError, AttributeError):
+            abi = -1
+        _landlock.append(max(0, abi))
+    return _landlock[0]
+
+
+_dump_lock = threading.Lock()
+_dump_state = {"users": 0, "saved": 1}
+
+
+@contextmanager
+def _grader_undumpable(active: bool) -> Iterator[None]:
+    """While a sandbox without a pid namespace runs, make this (grader) process
+    non-dumpable: its ``/proc`` entries (environ, mem, fd) then belong to root and
+    need CAP_SYS_PTRACE, so a same-uid program cannot read secrets from them. The
+    previous setting comes back when the last such run ends (core dumps and
+    debuggers work again between gradings)."""
+    if not active:
+        yield
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with _dump_lock:
+        if _dump_state["users"] == 0:
+            _dump_state["saved"] = max(0, libc.prctl(3, 0, 0, 0, 0))  # PR_GET_DUMPABLE
+            libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+        _dump_state["users"] += 1
+    try:
+        yield
+    finally:
+        with _dump_lock:
+            _dump_state["users"] -= 1
+            if _dump_state["users"] == 0 and _dump_state["saved"] == 1:
+                libc.prctl(4, 1, 0, 0, 0)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str, *args: Any) -> None:
+    key = msg % args
+    if key not in _warned:
+        _warned.add(key)
+        logging.getLogger("marft_envs.sandbox").warning(msg, *args)
+
+
+def describe_isolation(level: str | None = None) -> dict[str, str]:
+    """What guards the host at ``level`` (default: the level in force): network,
+    filesystem, user, process-count and memory caps. A missing cap reads ``"none
+    (why)"`` so that a report says so instead of silently having none."""
+    return _describe(_check_level(level) if level else isolation_level())
+
+
+def _describe(level: str) -> dict[str, str]:
+    # No level check here: runs started while the levels are being probed call this.
+    plan = _cgroup_plan()
+    uid = _sandbox_uid(level)
+    ll = _landlock_abi()
+    if level == "bwrap":
+        net, fs = "empty network namespace", "read-only bind of /, private /tmp, work dir writable"
+        user = "user namespace, all capabilities dropped"
+    elif level == "unshare-net":
+        net, fs = "empty network namespace", "read-only remount of /, work dir writable"
+        user = "user namespace, all capabilities dropped"
+    else:
+        net = "seccomp: only AF_UNIX sockets"
+        fs = ("Landlock: writes only in the work dir" if ll else
+              "file permissions only (no Landlock in this kernel)")
+        user = (f"uid {uid} (dropped from root; grader made non-dumpable)" if _drops_uid(level)
+                else f"uid {uid} (grader made non-dumpable)")
+    nproc = plan.where("pids")
+    if nproc is None:
+        why = "; ".join(n for n in plan.notes if n.startswith("pids")) or "no writable pids cgroup"
+        nproc = (f"RLIMIT_NPROC (uid {uid})" if uid != 0
+                 else f"none (uid 0 is exempt from RLIMIT_NPROC; {why})")
+    memory = plan.where("memory") or "RLIMIT_AS per process only (no total cap)"
+    return {"level": level, "network": net, "filesystem": fs, "user": user,
+            "nproc_cap": nproc, "memory_cap": memory}
+
+
 def _probe(level: str) -> str | None:
     if level == "bwrap" and shutil.which("bwrap") is None:
         return "bwrap not found on PATH (apt-get install bubblewrap)"
@@ -181,51 +290,18 @@ def _check_level(level: str) -> str:
     return level
 
 
-# --------------------------------------------------------------- cgroup (root)
+# ------------------------------------------------------------------- cgroups
 _cg_lock = threading.Lock()
-_cg_bases: dict[str, str] | None = None  # controller -> writable parent dir (probed once)
+_cg_plan: cgroups.CgroupPlan | None = None  # probed once per process
 
 
-def _cgroup_bases() -> dict[str, str]:
-    """Writable cgroup-v1 ``pids``/``memory`` hierarchies under this process's own
-    cgroups (root only). ``pids.max`` caps the process count where RLIMIT_NPROC
-    cannot (uid 0 is exempt from it); ``memory.limit_in_bytes`` caps the whole
-    sandbox (RLIMIT_AS is per process: a fork bomb could multiply it)."""
-    global _cg_bases
+def _cgroup_plan() -> cgroups.CgroupPlan:
+    """Writable cgroups for per-run ``pids``/memory caps (see ``sandbox.cgroups``)."""
+    global _cg_plan
     with _cg_lock:
-        if _cg_bases is not None:
-            return _cg_bases
-        _cg_bases = {}
-        if not _is_root():
-            return _cg_bases
-        own: dict[str, str] = {}
-        try:
-            with open("/proc/self/cgroup") as f:
-                for line in f:
-                    _, ctrls, path = line.rstrip("\n").split(":", 2)
-                    for c in ctrls.split(","):
-                        own[c] = path
-        except OSError:
-            return _cg_bases
-        knob = {"pids": "pids.max", "memory": "memory.limit_in_bytes"}
-        for ctrl in ("pids", "memory"):
-            if ctrl not in own:
-                continue
-            base = os.path.join("/sys/fs/cgroup", ctrl) + own[ctrl].rstrip("/")
-            probe = os.path.join(base, f"marft-probe-{os.getpid()}")
-            try:
-                os.mkdir(probe)
-                with open(os.path.join(probe, knob[ctrl]), "w") as f:
-                    f.write(str(64 * 2**20) if ctrl == "memory" else "8")
-                _cg_bases[ctrl] = base
-            except OSError:
-                pass
-            finally:
-                try:
-                    os.rmdir(probe)
-                except OSError:
-                    pass
-        return _cg_bases
+        if _cg_plan is None:
+            _cg_plan = cgroups.probe()
+        return _cg_plan
 
 
 def _cgroup_pids(cg: str) -> list[int]:
@@ -312,8 +388,9 @@ class _Capture:
 def _limits(timeout: float, memory_mb: int | None, cpu_seconds: float | None,
             max_file_mb: int | None, max_processes: int | None, level: str) -> dict:
     nproc = max_processes
-    if nproc is not None and level == "rlimits+socket-block" and not _is_root():
-        nproc += _tasks_of_uid(os.getuid())  # NPROC counts all of this user's tasks
+    if nproc is not None and level == "rlimits+socket-block":
+        # No user namespace: NPROC counts every task of the sandbox's uid on the host.
+        nproc += _tasks_of_uid(_sandbox_uid(level))
     cpu = cpu_seconds if cpu_seconds is not None else math.ceil(timeout) + 1
     return {"as": memory_mb * 2**20 if memory_mb else None,
             "cpu": int(math.ceil(cpu)) if cpu else None,
@@ -322,14 +399,21 @@ def _limits(timeout: float, memory_mb: int | None, cpu_seconds: float | None,
 
 
 def _tasks_of_uid(uid: int) -> int:
+    # /proc/<pid>/status, not the owner of /proc/<pid>: that reads as root for
+    # non-dumpable processes (every sandbox after its uid drop).
     n = 0
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    n += len(os.listdir(f"/proc/{name}/task"))
-            except OSError:
-                pass
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            n += len(os.listdir(f"/proc/{name}/task"))
+                        break
+        except (OSError, ValueError, IndexError):
+            pass
     return n
 
 
@@ -384,6 +468,9 @@ class _Run:
         self.proc: subprocess.Popen | None = None
         self.req_r = self.req_w = self.resp_r = self.resp_w = -1
         self.workdir = tempfile.mkdtemp(prefix="marft-sbx-")
+        # No pid namespace at the fallback level: the program could see this process.
+        self._undump: Any = _grader_undumpable(level == "rlimits+socket-block")
+        self._undump.__enter__()
         try:
             self._start(program, serve, files, _limits(timeout, memory_mb, cpu_seconds,
                                                        max_file_mb, max_processes, level),
@@ -411,6 +498,8 @@ class _Run:
             "module_name": "solution" if serve else "__main__", "limits": limits,
             "readonly": level == "unshare-net", "drop_caps": level == "unshare-net",
             "block_setsid": level == "rlimits+socket-block",
+            "drop_to": list(_NOBODY) if _drops_uid(level) else None,
+            "landlock": level == "rlimits+socket-block" and _landlock_abi() > 0,
             "sys_path": _site_paths(),
         }
         pass_fds: tuple[int, ...] = ()
@@ -420,19 +509,13 @@ class _Run:
             cfg.update(req=self.req_r, resp=self.resp_w)
             pass_fds = (self.req_r, self.resp_w)
         cmd = _stub_command(level, self.workdir, cfg)
-        name = f"marft-{uuid.uuid4().hex[:12]}"
-        knobs = {"pids": ("pids.max", max_processes + 4 if max_processes else None),
-                 "memory": ("memory.limit_in_bytes",
-                            (memory_mb + 256) * 2**20 if memory_mb else None)}
-        for ctrl, base in _cgroup_bases().items():
-            knob, value = knobs[ctrl]
-            if value is None:
-                continue
-            cg = os.path.join(base, name)
-            os.mkdir(cg)
-            self.cgs.append(cg)
-            with open(os.path.join(cg, knob), "w") as f:
-                f.write(str(value))
+        values = {"pids": max_processes + 4 if max_processes else None,
+                  "memory": (memory_mb + 256) * 2**20 if memory_mb else None}
+        plan = _cgroup_plan()
+        if max_processes and plan.where("pids") is None and _sandbox_uid(level) == 0:
+            _warn_once("sandbox: no process-count cap at %s (%s); see describe_isolation()",
+                       level, _describe(level)["nproc_cap"])
+        self.cgs = cgroups.create_run_cgroups(plan, f"marft-{uuid.uuid4().hex[:12]}", values)
         if self.cgs:
             # The shell joins the cgroups before exec: no fork can happen outside them.
             cmd = ["/bin/sh", "-c",
@@ -476,6 +559,9 @@ class _Run:
                             pass
                     time.sleep(0.005)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._undump is not None:  # after the kill: nothing of the run is left
+            self._undump.__exit__(None, None, None)
+            self._undump = None
 
 
 def _pump(sel: selectors.BaseSelector, deadline: float, handlers: dict[int, Any],
