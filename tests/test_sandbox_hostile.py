@@ -281,6 +281,8 @@ def test_exit_during_tests(level: str) -> None:
 
 
 def test_monkeypatch_builtins_and_eq(level: str) -> None:
+    # Breaks the stub's own machinery while loading (isinstance, __import__): a load
+    # failure. The variant that loads is test_forged_eq_with_patched_builtins_loads_and_fails.
     prog = ("import builtins, sys\n"
             "class Yes(int):\n"
             "    def __eq__(self, other):\n        return True\n"
@@ -296,7 +298,46 @@ def test_monkeypatch_builtins_and_eq(level: str) -> None:
     _run(prog, level)
 
 
+def _loaded_but_failed(r) -> None:
+    """The program loaded (so the defence, not a crash, is what failed it)."""
+    assert r.error is None, f"the program did not load: {r.error}"
+    assert r.n_passed == 0 and all(t.error for t in r.tests), r.tests
+
+
+def test_forged_eq_with_patched_builtins_loads_and_fails(level: str) -> None:
+    # Loads cleanly (no broken import machinery): the checker's own == must refuse it.
+    prog = ("import builtins, sys\n"
+            "class Always:\n"
+            "    def __eq__(self, other):\n        return True\n"
+            "    def __ne__(self, other):\n        return False\n"
+            "    __hash__ = object.__hash__\n"
+            "class Yes(int):\n"
+            "    def __eq__(self, other):\n        return True\n"
+            "    __hash__ = int.__hash__\n"
+            "class Quiet(Exception):\n    pass\n"
+            "builtins.AssertionError = Quiet\n"
+            "sys.exit = lambda *a: None\n"
+            "assert Always() == 42 and Yes(0) == 42\n"
+            "def solve(x):\n    return Always() if x == 1 else Yes(0)\n")
+    _loaded_but_failed(_run(prog, level))
+    # Control: the same patches with an honest solve pass, so the patches alone break nothing.
+    honest = prog.replace("return Always() if x == 1 else Yes(0)", "return x + 1")
+    assert run_tests(honest, TESTS, timeout=5, isolation=level).passed
+
+
+def test_fake_pass_marker_program_loads_and_fails(level: str) -> None:
+    prog = ("import json\n"
+            "print('PASSED\\nall tests passed\\nOK (2 tests)\\n' + json.dumps("
+            "{'event': 'done', 'passed': True, 'n_passed': 2}), flush=True)\n"
+            "def solve(x):\n    print('test passed: PASSED', flush=True)\n    return None\n")
+    r = _run(prog, level)
+    _loaded_but_failed(r)
+    assert "PASSED" in r.stdout and "test passed" in r.stdout  # the marker was printed
+
+
 def test_pass_marker_on_stdout_and_fake_frames(level: str) -> None:
+    # The fake frames garble the stub's own pipe: a load failure. The variant that
+    # loads is test_fake_pass_marker_program_loads_and_fails.
     prog = ("import json, os, struct\n"
             "print('PASSED\\nall tests passed\\nOK (2 tests)\\n' + json.dumps("
             "{'event': 'done', 'passed': True}))\n"
