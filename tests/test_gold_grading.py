@@ -111,16 +111,49 @@ def test_gsm8k_test_gold_answers(data_dir: Path) -> None:
     assert not wrong, [(pairs[i], results[i].extracted) for i in wrong[:20]]
 
 
-def test_math_test_split_gold_via_task(data_dir: Path) -> None:
-    """Every MATH test problem: the task's gold answer vs the full reference solution."""
+def test_math_test_split_gold_agrees_with_math500(data_dir: Path) -> None:
+    """MathTask("test") takes its gold from the solution's last box. MATH-500 gives an
+    independently curated ``answer`` for 500 of the same problems (joined by problem
+    text): the task's gold and that answer must grade equal both ways, and through
+    the task's own ``grade`` the independent answer must score correct."""
     task = MathTask("test", data_dir=data_dir)
     problems = [task.get(i) for i in range(len(task))]
+    by_text = {p.question.strip(): p for p in problems}
+    rows = _read(data_dir / "math" / "test500.jsonl")
+    joined = [(by_text[r["problem"].strip()], r["answer"]) for r in rows
+              if r["problem"].strip() in by_text]
+    assert len(joined) == 500, "every MATH-500 problem is a MATH test problem"
+    pairs = [(rf"\boxed{{{p.answer}}}", answer) for p, answer in joined]
+    pairs += [(rf"The answer is $\boxed{{{answer}}}$.", p.answer) for p, answer in joined]
     t0 = time.monotonic()
-    results = V.grade_many([(p.meta["solution"], p.answer) for p in problems], task="math")
-    wrong = _report("MATH test (5000) solution vs task gold", results, time.monotonic() - t0)
-    assert not wrong, [
-        (problems[i].id, results[i].extracted, problems[i].answer) for i in wrong[:20]
-    ]
+    results = V.grade_many(pairs, task="math")
+    wrong = _report("MATH test gold vs MATH-500 answer (both ways)", results,
+                    time.monotonic() - t0)
+    assert not wrong, [pairs[i] for i in wrong[:20]]
+    for p, answer in joined[::50]:  # the training code path, problem object and all
+        assert task.grade(rf"So the answer is $\boxed{{{answer}}}$.", p).correct, (p.id, answer)
+
+
+def test_math_test_split_gold_restated_and_swapped(data_dir: Path) -> None:
+    """All 5000 MATH test golds restated without a box must grade correct; a solution
+    graded against another problem's different integer gold must grade wrong (a grader
+    that says yes to everything fails here, unlike a solution-vs-own-box check)."""
+    task = MathTask("test", data_dir=data_dir)
+    problems = [task.get(i) for i in range(len(task))]
+    pairs = [(f"Putting it together, the final answer is ${p.answer}$.", p.answer)
+             for p in problems]
+    ints = [p for p in problems if re.fullmatch(r"-?\d+", p.answer)]
+    assert len(ints) > 1000
+    swapped = [(p.meta["solution"], q.answer) for p, q in zip(ints, ints[1:] + ints[:1], strict=True)
+               if int(p.answer) != int(q.answer)]
+    t0 = time.monotonic()
+    results = V.grade_many(pairs + swapped, task="math")
+    restated, crossed = results[:len(pairs)], results[len(pairs):]
+    wrong = _report(f"MATH test golds restated ({len(pairs)})", restated, time.monotonic() - t0)
+    assert not wrong, [pairs[i] for i in wrong[:20]]
+    accepted = [swapped[i][1] for i, r in enumerate(crossed) if r.correct]
+    print(f"swapped integer golds: {len(accepted)}/{len(swapped)} wrongly accepted")
+    assert not accepted, accepted[:20]
 
 
 def test_gsm8k_task_grades_its_own_solutions(data_dir: Path) -> None:
