@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,11 +37,27 @@ _FUZZ = settings(
 )
 
 
-@pytest.mark.parametrize("env_id", ENV_IDS)
-@_FUZZ
-@given(seed=st.integers(0, 2**16), episode=st.lists(actions, min_size=1, max_size=10))
-def test_any_action_sequence_is_handled(env_id, seed, episode):
-    env = _ENVS[env_id]
+# Envs whose grader starts processes (sandbox, math worker): fewer examples keep the suite fast.
+_FUZZ_GRADED = settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+_GRADED_KW = {"horizon": 2, "feedback": True, "max_action_chars": 2048}
+_CODE_ENV = marft_envs.make("code-solo-v0", timeout=1.5, **_GRADED_KW)  # HumanEval ships in a package
+code_like = st.sampled_from(
+    [
+        "```python\ndef f(x):\n    return x\n```",
+        "```python\nwhile True:\n    pass\n```",
+        "```python\nimport os\nos._exit(0)\n```",
+        "```python\n" + "(" * 500 + "\n```",
+        "```\n\x00\x01\n```",
+        "def has_close_elements(numbers, threshold):\n    return True\n",
+    ]
+)
+
+
+def _play(env, seed: int, episode: list) -> None:
+    """One episode of ``episode``'s actions: observations stay in their spaces, rewards
+    finite, every step returns promptly and flags bad actions."""
     env.reset(seed=seed)
     moves = iter(episode)
     for agent in env.agent_iter(50):
@@ -53,12 +67,42 @@ def test_any_action_sequence_is_handled(env_id, seed, episode):
         action = None if term or trunc else next(moves, "")
         start = time.monotonic()
         env.step(action)
-        assert time.monotonic() - start < 10.0, "a step hung"
+        assert time.monotonic() - start < 20.0, "a step hung"
         if action is not None and agent in env.infos:
             assert isinstance(env.infos[agent]["flags"], list)
             last_text = env.executed[-1][1] if env.executed else env.history[-1][-1][1]
             assert len(last_text) <= env.max_action_chars
     assert not env.agents
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+@_FUZZ
+@given(seed=st.integers(0, 2**16), episode=st.lists(actions, min_size=1, max_size=10))
+def test_any_action_sequence_is_handled(env_id, seed, episode):
+    _play(_ENVS[env_id], seed, episode)
+
+
+@_FUZZ_GRADED
+@given(seed=st.integers(0, 163), episode=st.lists(st.one_of(actions, code_like), min_size=1, max_size=4))
+def test_any_action_sequence_is_handled_code(seed, episode):
+    _play(_CODE_ENV, seed, episode)
+    assert _CODE_ENV.stats["grade_errors"] == 0, "a sandbox infrastructure failure"
+
+
+@pytest.fixture(scope="module")
+def data_envs(data_dir) -> dict:
+    """math-solo-v0 and gsm8k-solo-v0 on the real data (conftest: fail in CI if absent)."""
+    return {
+        env_id: marft_envs.make(env_id, split="test", data_dir=str(data_dir), **_GRADED_KW)
+        for env_id in ("math-solo-v0", "gsm8k-solo-v0")
+    }
+
+
+@pytest.mark.parametrize("env_id", ["math-solo-v0", "gsm8k-solo-v0"])
+@_FUZZ_GRADED
+@given(seed=st.integers(0, 2**16), episode=st.lists(actions, min_size=1, max_size=4))
+def test_any_action_sequence_is_handled_math(data_envs, env_id, seed, episode):
+    _play(data_envs[env_id], seed, episode)
 
 
 @_FUZZ
@@ -129,7 +173,6 @@ def test_observation_space_has_no_observation_key():
 
 
 # ------------------------------------------------------- real graders (separate processes)
-_DATA_DIR = Path(os.environ.get("MARFT_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 _ADVERSARIAL = [
     "\\boxed{10^{10^{10^{10}}}}",  # may exhaust the grader's time budget: must come back as a timeout
     "\\boxed{" + "\\frac{" * 400 + "1" + "}" * 400 + "}",
@@ -139,10 +182,8 @@ _ADVERSARIAL = [
 
 
 @pytest.mark.parametrize("env_id", ["math-solo-v0", "gsm8k-solo-v0"])
-def test_adversarial_latex_on_real_graders(env_id, monkeypatch):
-    if not _DATA_DIR.is_dir():
-        pytest.skip(f"{_DATA_DIR} is missing (set MARFT_DATA_DIR)")
-    monkeypatch.setenv("MARFT_DATA_DIR", str(_DATA_DIR))
+def test_adversarial_latex_on_real_graders(env_id, monkeypatch, data_dir):
+    monkeypatch.setenv("MARFT_DATA_DIR", str(data_dir))
     env = marft_envs.make(env_id)
     for text in _ADVERSARIAL:
         env.reset(seed=0)
