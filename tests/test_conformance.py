@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import random
-from pathlib import Path
 
 import pytest
 
 import marft_envs
 from marft_envs import TextTeamEnv
 from marft_envs.testing import check_env
-
-REPO = Path(__file__).resolve().parents[1]
-# Same default as scripts/test.sh.
-DATA_DIR = Path(os.environ.get("MARFT_DATA_DIR") or REPO.parent / "shared" / "data")
 
 
 def _needs_data(env_id: str) -> bool:
@@ -23,11 +17,10 @@ def _needs_data(env_id: str) -> bool:
 
 
 @pytest.mark.parametrize("env_id", sorted(marft_envs.registry))
-def test_registered_env_conforms(env_id, monkeypatch):
+def test_registered_env_conforms(env_id, monkeypatch, request):
     if _needs_data(env_id):
-        if not DATA_DIR.is_dir():
-            pytest.skip(f"{env_id} needs data: {DATA_DIR} is missing (set MARFT_DATA_DIR)")
-        monkeypatch.setenv("MARFT_DATA_DIR", str(DATA_DIR))
+        # conftest's data_dir: fails in CI when the data is missing, skips locally.
+        monkeypatch.setenv("MARFT_DATA_DIR", str(request.getfixturevalue("data_dir")))
     check_env(env_id, n_episodes=3, seed=0)
 
 
