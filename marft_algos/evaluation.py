@@ -9,6 +9,7 @@ score interval, which stays inside [0, 1] and is sensible for small n and p near
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from typing import Any
 import torch
 
 from marft_algos.rollout import Episode, RolloutCollector
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["EvalResult", "wilson_interval", "evaluate", "evaluate_checkpoint", "format_table"]
 
@@ -100,6 +103,8 @@ def evaluate(
         env_fn = lambda: marft_envs.make(env_id, **kwargs)  # noqa: E731
     probe = env_fn()
     total = int(getattr(probe, "num_problems", n))
+    if start_index + n > total:
+        _log.warning("the %s split has %d problems: evaluating %d from index %d, not %d", split, total, max(0, total - start_index), start_index, n)
     n = max(0, min(n, total - start_index))
     overrides: dict[str, dict[str, Any]] = {a: dict(v) for a, v in (sampling_overrides or {}).items()}
     if greedy:
