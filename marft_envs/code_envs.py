@@ -22,8 +22,12 @@ Profiles: ``marft_envs/profiles/code_{solo,duo,trio}.json``. Every id is a
 
 The graded agent's code is extracted from its text (see
 :func:`marft_envs.tasks.code.extract_code`); no code means a wrong answer,
-flagged ``"no_code"`` in ``infos[agent]["grade"]["details"]``, graded without
-starting a process. Per-test results are in the same ``details``.
+flagged ``"no_code"``, graded without starting a process. Grader flags
+(``no_code``, ``load_error``, ``program_timeout``, ``sandbox_error``) are in
+``infos[agent]["flags"]`` and ``["grade"]["details"]["flags"]`` and counted in
+``env.stats`` (``no_code``, ``load_errors``, ``program_timeouts``,
+``sandbox_errors``); a program timeout is not a verifier timeout
+(``grade_timeouts``). Per-test results are in ``["grade"]["details"]``.
 Registering loads no data; ``import marft_envs.code_envs`` registers the ids.
 
 Version history: v0: initial release.

@@ -55,9 +55,14 @@ which must be reproducible; they are in ``env.last_grade_timing`` and the
 longest grading time in ``env.max_grade_seconds``.
 
 Flags: ``none_action``, ``not_a_string``, ``empty_action``, ``action_truncated``,
-``binary_action``, ``invalid_unicode``, ``route_unparsed``, ``no_answer_agent``,
-``grade_error``, ``grade_timeout``. Counters of these over the env's lifetime:
-``env.stats``.
+``binary_action``, ``invalid_unicode``, ``route_unparsed``, ``route_by_mention``,
+``no_answer_agent``, ``grade_error`` (the grader failed), ``grade_timeout`` (the
+grader ran out of time), plus the grader's own flags from
+``GradeResult.details["flags"]`` (code tasks: ``no_code``, ``load_error``,
+``program_timeout``: the program was killed, a wrong answer, not a grader
+timeout; ``sandbox_error``). Counters of these over the env's lifetime:
+``env.stats`` (``bad_actions``, ``route_unparsed``, ``grade_errors``,
+``grade_timeouts``, ``no_code``, ``load_errors``, ``program_timeouts``, ...).
 
 Arguments: ``task`` (a Task, a short name such as ``"arith"`` or
 ``"module:Class"``), ``team`` / ``profiles`` (a Team, a built-in team name, a
@@ -105,7 +110,18 @@ _STAT_KEYS = (
     "grade_errors",
     "grade_timeouts",
     "no_answer_agent",
+    "no_code",
+    "load_errors",
+    "program_timeouts",
+    "sandbox_errors",
 )
+# Grader flags (GradeResult.details["flags"]) -> their env.stats counter; others count
+# under their own name.
+_GRADE_FLAG_STATS = {
+    "load_error": "load_errors",
+    "program_timeout": "program_timeouts",
+    "sandbox_error": "sandbox_errors",
+}
 
 
 def sanitize_action(action: Any, max_chars: int) -> tuple[str, list[str]]:
@@ -382,6 +398,13 @@ class TextTeamEnv(AECEnv):
         elif result.error:
             self._turn_flags.append("grade_error")
             self.stats["grade_errors"] += 1
+        details = result.details if isinstance(result.details, dict) else {}
+        grade_flags = details.get("flags")
+        for flag in grade_flags if isinstance(grade_flags, list) else []:
+            if isinstance(flag, str) and flag not in self._turn_flags:
+                self._turn_flags.append(flag)  # e.g. no_code, visible in info["flags"]
+                key = _GRADE_FLAG_STATS.get(flag, flag)
+                self.stats[key] = self.stats.get(key, 0) + 1
         return result
 
     def _end_turn(self) -> None:

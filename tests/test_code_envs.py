@@ -171,3 +171,24 @@ def test_mbpp_missing_file_names_both_fixes(tmp_path: Path,
     assert "google-research-datasets/mbpp" in msg and "mbpp/validation.jsonl" in msg
     with pytest.raises(ValueError, match="unknown code dataset"):
         marft_envs.make("code-solo-v0", dataset="apps")
+
+
+def test_grader_flags_reach_info_and_stats() -> None:
+    """no_code / load_error / program_timeout are in info["flags"] and env.stats; a
+    program the sandbox kills is a wrong answer, not a verifier timeout."""
+    env = marft_envs.make("code-solo-v0", timeout=1.5)
+    cases = [
+        ("I do not know.", "no_code", "no_code"),
+        ("```python\nraise SystemExit(0)\n```", "load_error", "load_errors"),
+        ("```python\ndef has_close_elements(numbers, threshold):\n    while True:\n"
+         "        pass\n```", "program_timeout", "program_timeouts"),
+    ]
+    for n, (text, flag, stat) in enumerate(cases, start=1):
+        env.reset(options={"problem_index": 0})
+        info = _play(env, {"coder": text})["info"]
+        assert flag in info["flags"] and flag in info["grade"]["details"]["flags"], info["flags"]
+        assert env.stats[stat] == 1 and not info["grade"]["correct"]
+        assert not info["grade"]["timed_out"] and "grade_timeout" not in info["flags"]
+        assert env.stats["turns"] == n
+    assert env.stats["grade_timeouts"] == 0 and env.stats["grade_errors"] == 0
+    assert info["grade"]["details"]["program_timed_out"] is True

@@ -12,8 +12,13 @@ block, else the last fenced block of any language, else the whole text when it
 looks like code. No code at all gives a wrong answer flagged ``"no_code"``
 without starting any process (fuzzers send many such actions).
 ``GradeResult.details`` holds ``tests`` (per-unit ``passed``/``error``),
-``n_tests``, ``n_passed``, ``isolation``, ``run_error``, capped ``stdout``/
-``stderr`` and ``flags``. ``Problem.answer`` is the reference solution as a
+``n_tests``, ``n_passed``, ``program_timed_out``, ``isolation``, ``run_error``,
+capped ``stdout``/``stderr`` and ``flags``: ``no_code``, ``load_error`` (the
+program raised or exited while loading), ``program_timeout`` (the sandbox
+killed it: a wrong answer, so ``GradeResult.timed_out`` stays False; that
+field means the grader failed) and ``sandbox_error`` (the sandbox itself
+failed; ``GradeResult.error`` is set). The env copies these flags into
+``info["flags"]`` and counts them in ``env.stats``. ``Problem.answer`` is the reference solution as a
 fenced ```python block (a response the grader accepts).
 """
 
@@ -156,16 +161,19 @@ def _grade(response: object, program_of, units: list[str], setup: str,
         return GradeResult(correct=False, score=0.0, extracted=code, format_ok=True,
                            error=f"{type(e).__name__}: {e}", details={"flags": ["sandbox_error"]})
     score = float(r.passed) if reward_mode == "binary" else r.fraction
-    flags = ["timeout"] if r.timed_out else []
+    # The sandbox killing a slow program is the model's wrong answer, not a grader
+    # failure: flagged "program_timeout", while GradeResult.timed_out (counted as a
+    # verifier timeout by the env and trainers) stays False.
+    flags = ["program_timeout"] if r.timed_out else []
     if r.error and r.error.startswith("program failed to load"):
         flags.append("load_error")
     # GradeResult.error is for grader failures only; a broken program is just wrong.
     infra = bool(r.error) and r.error.startswith(("sandbox setup failed", "checker failed"))
     return GradeResult(
-        correct=r.passed, score=score, extracted=code, format_ok=True, timed_out=r.timed_out,
+        correct=r.passed, score=score, extracted=code, format_ok=True, timed_out=False,
         error=r.error if infra else None,
         details={"flags": flags, "n_tests": r.n_tests, "n_passed": r.n_passed,
-                 "run_error": r.error,
+                 "program_timed_out": r.timed_out, "run_error": r.error,
                  "tests": [{"passed": t.passed, "error": t.error} for t in r.tests],
                  "isolation": r.isolation,  # no durations: infos must replay exactly
                  "stdout": r.stdout[-2000:], "stderr": r.stderr[-2000:]})
