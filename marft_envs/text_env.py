@@ -95,7 +95,7 @@ from marft_envs.spaces import UnicodeText, action_space, observation_space
 from marft_envs.tasks import resolve_task_class
 from marft_envs.tasks.base import GradeResult, Problem, Task
 
-__all__ = ["TextTeamEnv", "env", "raw_env", "sanitize_action"]
+__all__ = ["ResetNeededError", "TextTeamEnv", "env", "raw_env", "sanitize_action"]
 
 logger = logging.getLogger("marft_envs")
 
@@ -154,6 +154,11 @@ def sanitize_action(action: Any, max_chars: int) -> tuple[str, list[str]]:
     if not text.strip():
         flags.append("empty_action")
     return text, flags
+
+
+class ResetNeededError(RuntimeError, AssertionError):
+    """A call that needs an episode came before ``reset()``. Also an AssertionError,
+    the type PettingZoo's OrderEnforcingWrapper raises for the same mistake."""
 
 
 def _build_task(task: Task | str, task_kwargs: Mapping[str, Any] | None, options: dict[str, Any]) -> Task:
@@ -299,10 +304,13 @@ class TextTeamEnv(AECEnv):
         parents = set(self.team.topology.parents(agent, executed))
         return [(a, x) for a, x in executed if a == agent or a in parents]
 
+    def _require_reset(self, call: str) -> None:
+        if self.problem is None:
+            raise ResetNeededError(f"call reset() before {call}")
+
     def _view(self, agent: str) -> tuple[str, str]:
         """``(system, user)`` text of ``agent``'s observation."""
-        if self.problem is None:
-            raise RuntimeError("call reset() before observing")
+        self._require_reset("observe()")
         profile = self.team.profiles[agent]
         parts = [f"Problem:\n{self.problem.question}"]
         for t, past in enumerate(self._history):
@@ -347,7 +355,20 @@ class TextTeamEnv(AECEnv):
                 )
         return nxt  # type: ignore[return-value]
 
+    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """PettingZoo's ``last()``, with a clear error before ``reset()``."""
+        self._require_reset("last()")
+        return super().last(observe)
+
+    def agent_iter(self, max_iter: int = 2**63) -> Any:
+        """PettingZoo's ``agent_iter()``; before ``reset()`` it would silently yield nothing."""
+        self._require_reset("agent_iter()")
+        return super().agent_iter(max_iter)
+
     def step(self, action: Any) -> None:
+        """Apply the selected agent's action (sanitized, never raises for bad text);
+        grades the turn when the topology says it is complete."""
+        self._require_reset("step()")
         agent = self.agent_selection
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)

@@ -10,6 +10,7 @@ import pytest
 
 import marft_envs
 from marft_envs import AgentProfile, GradeResult, Independent, Problem, Task, Team, TextTeamEnv
+from marft_envs.text_env import ResetNeededError
 
 
 def play(env, policy, seed=0, options=None):
@@ -245,6 +246,18 @@ def test_bad_actions_are_flagged_not_raised(action, flags):
     text = env.history[-1][-1][1] if env.history else env.executed[-1][1]
     assert len(text) <= 1000 and "\x00" not in text
     text.encode("utf-8")
+
+
+@pytest.mark.parametrize("call", ["step", "last", "observe", "agent_iter", "messages"])
+def test_calls_before_reset_say_so(call):
+    env = marft_envs.make("arith-duo-v0")
+    args = {"step": ("an action",), "observe": ("actor",), "messages": ("actor",)}.get(call, ())
+    with pytest.raises(ResetNeededError, match=r"call reset\(\) before"):
+        getattr(env, call)(*args)
+    assert issubclass(ResetNeededError, AssertionError)  # as PettingZoo's order wrapper raises
+    env.reset(seed=0)  # attribute access and the episode work as usual afterwards
+    assert env.team.agents == ["reasoner", "actor"] and env.messages("actor")[-1]["role"] == "user"
+    env.step("x")
 
 
 def test_dead_agents_must_step_none():
