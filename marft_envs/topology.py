@@ -223,17 +223,28 @@ class RouteDecision:
     """How an orchestrator's text was routed.
 
     ``status`` is ``"ok"`` (a route line named a specialist), ``"mention"`` (no
-    route line, but exactly one specialist was named as a word) or
-    ``"unparsed"`` (the fallback ``target`` was used).
+    usable route line, but exactly one specialist was named as a word) or
+    ``"unparsed"`` (the fallback ``target`` was used). ``line_unparsed`` is True
+    when an explicit route line was there but named no specialist (so a
+    ``"mention"`` after it is a fallback, not what the line said).
     """
 
     target: str
     status: str
     raw: str | None = None
+    line_unparsed: bool = False
 
     @property
     def parsed(self) -> bool:
+        """True when a specialist was identified (route line or a single mention)."""
         return self.status != "unparsed"
+
+    @property
+    def flags(self) -> list[str]:
+        """Env flags for this decision: ``route_unparsed`` when the route line (or the
+        whole reply) could not be read, ``route_by_mention`` when a mention decided."""
+        out = ["route_unparsed"] if self.status == "unparsed" or self.line_unparsed else []
+        return out + (["route_by_mention"] if self.status == "mention" else [])
 
 
 def _norm(name: str) -> str:
@@ -249,8 +260,10 @@ class Routed(Topology):
     Parsing is tolerant: the last match of ``route_pattern`` (default
     ``ROUTE: <name>``, case-insensitive, markdown and punctuation ignored) is
     compared with the specialist names ignoring case, spaces, ``_`` and ``-``,
-    then by prefix and close spelling. Without a route line, a reply that names
-    exactly one specialist routes there. Anything else is *unparsed*: the turn
+    then by prefix and close spelling. Without a usable route line, a reply that
+    names exactly one specialist routes there, flagged ``"route_by_mention"``
+    (and ``"route_unparsed"`` too if a route line was there but unreadable, as in
+    ``"ROUTE: nonsense ... geometry"``). Anything else is *unparsed*: the turn
     goes to ``default`` (the first specialist unless given), and the
     environment flags ``"route_unparsed"`` in ``info``, counts it and logs it.
     """
@@ -296,10 +309,11 @@ class Routed(Topology):
                 return RouteDecision(target, "ok", raw.strip())
         words = {_norm(w) for w in re.findall(r"[A-Za-z][\w\-]*", text)}
         named = [s for n, s in self._by_norm.items() if n in words]
+        line = bool(matches)  # a route line was there, but named no specialist
         if len(named) == 1:
-            return RouteDecision(named[0], "mention", named[0])
+            return RouteDecision(named[0], "mention", named[0], line_unparsed=line)
         raw = matches[-1].strip() if matches and isinstance(matches[-1], str) else None
-        return RouteDecision(self.default, "unparsed", raw)
+        return RouteDecision(self.default, "unparsed", raw, line_unparsed=line)
 
     def _resolve(self, raw: str) -> str | None:
         norm = _norm(raw)
@@ -325,9 +339,10 @@ class Routed(Topology):
         return None
 
     def step_flags(self, executed: Executed) -> list[str]:
+        """``route_unparsed`` / ``route_by_mention`` for the orchestrator's action
+        (see :attr:`RouteDecision.flags`)."""
         if len(executed) == 1 and executed[0][0] == self.orchestrator:
-            if not self.route(executed[0][1]).parsed:
-                return ["route_unparsed"]
+            return self.route(executed[0][1]).flags
         return []
 
     def parents(self, agent: str, executed: Executed = ()) -> list[str]:

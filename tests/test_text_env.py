@@ -248,6 +248,17 @@ def test_bad_actions_are_flagged_not_raised(action, flags):
     text.encode("utf-8")
 
 
+def test_route_line_unparsed_then_mention_is_flagged():
+    env = marft_envs.make("arith-routed-v0")
+    env.reset(seed=0)
+    env.step("ROUTE: nonsense ... but this is really geometry")
+    assert env.agent_selection == "geometry"
+    env.step("42")
+    flags = env.infos["orchestrator"]["flags"]
+    assert "route_unparsed" in flags and "route_by_mention" in flags
+    assert env.stats["route_unparsed"] == 1 and env.stats["route_by_mention"] == 1
+
+
 @pytest.mark.parametrize("call", ["step", "last", "observe", "agent_iter", "messages"])
 def test_calls_before_reset_say_so(call):
     env = marft_envs.make("arith-duo-v0")

@@ -106,6 +106,24 @@ def test_routed_parsing(text, target, status):
     assert (decision.target, decision.status) == (target, status)
 
 
+@pytest.mark.parametrize(
+    "text, target, flags",
+    [
+        ("ROUTE: geometry", "geometry", []),
+        ("ROUTE: nonsense. Draw the triangle: geometry it is.", "geometry",
+         ["route_unparsed", "route_by_mention"]),  # unreadable route line, mention decided
+        ("this is a geometry problem", "geometry", ["route_by_mention"]),  # no route line
+        ("ROUTE: chemistry", "algebra", ["route_unparsed"]),
+        ("no idea", "algebra", ["route_unparsed"]),
+    ],
+)
+def test_routed_fallbacks_are_flagged(text, target, flags):
+    decision = ROUTED.route(text)
+    assert decision.target == target and decision.flags == flags
+    executed = run_turn(ROUTED, {"orchestrator": text})
+    assert executed[1][0] == target and ROUTED.step_flags(executed[:1]) == flags
+
+
 def test_routed_turn_and_dependencies():
     executed = run_turn(ROUTED, {"orchestrator": "ROUTE: geometry"})
     assert [a for a, _ in executed] == ["orchestrator", "geometry", "checker"]
