@@ -104,6 +104,7 @@ BUILTIN_ENV_IDS: tuple[str, ...] = tuple(
 
 
 def register_builtin_envs() -> None:
+    """Register the built-in ids (done once on import; a second call overrides them, with a warning)."""
     for task, (what, teams, kwargs) in _TASKS.items():
         for team in teams:
             register(

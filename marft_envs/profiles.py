@@ -87,6 +87,7 @@ class AgentProfile:
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form, the reference profile format plus our extra fields."""
         d = asdict(self)
         d["sampling"] = dict(self.sampling)
         d["eval_sampling"] = dict(self.eval_sampling)
@@ -144,6 +145,7 @@ class Team:
 
     @property
     def answer_agents(self) -> list[str]:
+        """Roles whose output is graded (``with_answer``), in team order."""
         return [r for r, p in self.profiles.items() if p.with_answer]
 
     @classmethod

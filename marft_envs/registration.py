@@ -131,6 +131,7 @@ registry: dict[str, EnvSpec] = {}
 
 
 def load_entry_point(entry_point: str | Callable[..., Any]) -> Callable[..., Any]:
+    """The callable named by ``'module:attr'`` (imported now, not at register time)."""
     if callable(entry_point):
         return entry_point
     module, attr = entry_point.split(":")

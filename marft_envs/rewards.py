@@ -79,6 +79,7 @@ class RewardConfig:
         return cls(**value)
 
     def to_dict(self) -> dict[str, float]:
+        """The weights as a plain dict (JSON-safe, e.g. for run configs)."""
         return asdict(self)
 
     def components(self, grade: GradeResult, actions: Sequence[str]) -> dict[str, float]:
@@ -98,4 +99,5 @@ class RewardConfig:
 
     @staticmethod
     def total(components: Mapping[str, float]) -> float:
+        """The team reward: the sum of the components (``+ 0.0`` turns -0.0 into 0.0)."""
         return float(sum(components.values())) + 0.0

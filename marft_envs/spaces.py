@@ -58,6 +58,7 @@ class UnicodeText(Text):
         super().__init__(max_length, min_length=0, charset=_CHARSET, seed=seed)
 
     def contains(self, x: Any) -> bool:
+        """Any ``str`` up to ``max_length`` characters (no charset, no minimum length)."""
         return isinstance(x, str) and len(x) <= self.max_length
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
@@ -92,7 +93,7 @@ class UnicodeText(Text):
 
     @property
     def is_np_flattenable(self) -> bool:
-        # Text flattens via a charset index; arbitrary Unicode has none.
+        """False: Text flattens via a charset index, and arbitrary Unicode has none."""
         return False
 
     def __repr__(self) -> str:

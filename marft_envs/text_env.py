@@ -241,18 +241,22 @@ class TextTeamEnv(AECEnv):
 
     # ------------------------------------------------------------------ spaces
     def observation_space(self, agent: str) -> gymnasium.spaces.Dict:
+        """``Dict(prompt=UnicodeText, turn=Discrete)``, the same object on every call."""
         return self._observation_spaces[agent]
 
     def action_space(self, agent: str) -> UnicodeText:
+        """``UnicodeText(max_action_chars)``, the same object on every call."""
         return self._action_spaces[agent]
 
     # -------------------------------------------------------------- properties
     @property
     def num_problems(self) -> int:
+        """Number of problems the task offers (``reset`` options may pick one)."""
         return len(self.task)
 
     @property
     def np_random(self) -> np.random.Generator:
+        """The env's generator; seeded by ``reset(seed=...)``, else from OS entropy on first use."""
         if self._np_random is None:
             self._np_random, self._np_random_seed = seeding.np_random()
         return self._np_random
@@ -330,6 +334,7 @@ class TextTeamEnv(AECEnv):
         return profile.prompt, "\n\n".join(parts)
 
     def observe(self, agent: str) -> dict[str, Any]:
+        """``{"prompt", "turn"}`` of ``agent``'s view (see the module docstring)."""
         system, user = self._view(agent)
         prompt = f"{system}\n\n{user}" if system else user
         if len(prompt) > self._max_prompt:  # keep the observation inside its space
@@ -486,6 +491,7 @@ class TextTeamEnv(AECEnv):
 
     # ------------------------------------------------------------------ render
     def render(self) -> str | None:
+        """Print (``human``) or return (``ansi``) the episode as text."""
         if self.render_mode is None:
             gymnasium.logger.warn("render() called without a render_mode; use render_mode='human' or 'ansi'.")
             return None
@@ -507,6 +513,7 @@ class TextTeamEnv(AECEnv):
         return text
 
     def close(self) -> None:
+        """Nothing to release: graders and sandboxes clean up per call."""
         pass
 
     def __repr__(self) -> str:

@@ -53,12 +53,15 @@ class Topology:
     is_static: bool = True
 
     def next_agent(self, executed: Executed) -> str | None:
+        """Who acts next given this turn's ``(agent, action)`` pairs; None ends the turn."""
         raise NotImplementedError
 
     def parents(self, agent: str, executed: Executed = ()) -> list[str]:
+        """Agents whose actions of this turn ``agent`` sees, given what was executed."""
         raise NotImplementedError
 
     def dependency(self, a_i: str, a_j: str) -> bool:
+        """Whether ``a_j`` may depend on (see the action of) ``a_i``: an edge of D."""
         raise NotImplementedError
 
     def graph(self) -> dict[str, list[str]]:
@@ -66,6 +69,7 @@ class Topology:
         return {a: [b for b in self.agents if self.dependency(a, b)] for a in self.agents}
 
     def topological_order(self) -> list[str]:
+        """An order in which every agent comes after the agents it depends on."""
         raise NotImplementedError
 
     def step_flags(self, executed: Executed) -> list[str]:
@@ -73,6 +77,7 @@ class Topology:
         return []
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form, as used in profile files (inverse: :func:`topology_from_dict`)."""
         raise NotImplementedError
 
     def _check_agent(self, agent: str) -> None:
@@ -147,6 +152,7 @@ class DAG(Topology):
             path.append(nxt)
 
     def next_agent(self, executed: Executed) -> str | None:
+        """The first agent in topological order that has not acted this turn."""
         acted = {a for a, _ in executed}
         for agent in self._order:
             if agent not in acted:
@@ -165,14 +171,17 @@ class DAG(Topology):
         return [a for a, _ in executed if a in ps]
 
     def dependency(self, a_i: str, a_j: str) -> bool:
+        """True when ``a_i`` is a direct parent of ``a_j``."""
         self._check_agent(a_i)
         self._check_agent(a_j)
         return a_i in self._parents[a_j]
 
     def topological_order(self) -> list[str]:
+        """Kahn's order, ties broken by declaration order."""
         return list(self._order)
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"type": "dag", "parents": {...}}``."""
         return {"type": "dag", "parents": {a: list(ps) for a, ps in self._parents.items()}}
 
     def __repr__(self) -> str:
@@ -199,6 +208,7 @@ class Chain(DAG):
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"type": "chain", "agents": [...], "full": ...}`` (more compact than the DAG form)."""
         return {"type": "chain", "agents": list(self.agents), "full": self.full}
 
     def __repr__(self) -> str:
@@ -212,6 +222,7 @@ class Independent(DAG):
         super().__init__({a: [] for a in _unique(agents, "agent")})
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"type": "independent", "agents": [...]}``."""
         return {"type": "independent", "agents": list(self.agents)}
 
     def __repr__(self) -> str:
@@ -330,6 +341,7 @@ class Routed(Topology):
         return self._by_norm[close[0]] if close else None
 
     def next_agent(self, executed: Executed) -> str | None:
+        """Orchestrator, then the routed specialist (parsed from its text), then the finisher."""
         if not executed:
             return self.orchestrator
         if len(executed) == 1:
@@ -346,6 +358,7 @@ class Routed(Topology):
         return []
 
     def parents(self, agent: str, executed: Executed = ()) -> list[str]:
+        """The orchestrator for a specialist; everyone who acted for the finisher."""
         self._check_agent(agent)
         if not executed:
             if agent == self.orchestrator:
@@ -356,6 +369,8 @@ class Routed(Topology):
         return [a for a, _ in executed if a != agent and self.dependency(a, agent)]
 
     def dependency(self, a_i: str, a_j: str) -> bool:
+        """Specialists see only the orchestrator; the finisher sees everyone; nobody
+        feeds the orchestrator."""
         self._check_agent(a_i)
         self._check_agent(a_j)
         if a_j == self.orchestrator or a_i == a_j:
@@ -369,6 +384,7 @@ class Routed(Topology):
         return list(self.agents)
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"type": "routed", ...}`` (``route_pattern`` only when not the default)."""
         d: dict[str, Any] = {
             "type": "routed",
             "orchestrator": self.orchestrator,

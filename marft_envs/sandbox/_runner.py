@@ -145,6 +145,7 @@ def decode(x, depth: int = 0):
 
 # ------------------------------------------------------------------------ framing
 def send(fd: int, obj) -> None:
+    """Write one length-prefixed JSON frame to ``fd`` (loops over short writes)."""
     data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
     data = struct.pack(">I", len(data)) + data
     view = memoryview(data)
@@ -427,6 +428,7 @@ def landlock_workdir(workdir: str) -> bool:
 
 
 def set_limits(lim: dict) -> None:
+    """Apply the rlimits in ``lim`` (None skips one; never above the current hard limit)."""
     import resource
 
     def setl(which: int, value: int | None) -> None:
@@ -456,6 +458,7 @@ def _extend_path(paths: list) -> None:
 
 
 def stub_main(cfg: dict) -> None:
+    """Untrusted side: harden this process, run the program, then serve the checker's calls."""
     _extend_path(cfg.get("sys_path"))
     keep = [cfg.get("req"), cfg.get("resp")]
     try:
@@ -594,6 +597,8 @@ def _proxy(link: _Link, name: str):
 
 
 def checker_main(req: int, resp: int, out: int) -> None:
+    """Trusted side: run the test units against proxies of the program's names and report
+    each verdict, HMAC-signed, on ``out``."""
     import hashlib
     import hmac
     import resource
@@ -667,6 +672,7 @@ def checker_main(req: int, resp: int, out: int) -> None:
 
 
 def main() -> None:
+    """Dispatch ``stub``/``checker`` from the command line."""
     mode = sys.argv[1]
     if mode == "stub":
         stub_main(json.loads(sys.argv[2]))

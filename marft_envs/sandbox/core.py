@@ -83,6 +83,7 @@ class ProgramResult:
 
     @property
     def ok(self) -> bool:
+        """Exited with status 0 within the timeout."""
         return self.exit_code == 0 and not self.timed_out
 
 
@@ -106,9 +107,11 @@ class SandboxResult:
 
     @property
     def fraction(self) -> float:
+        """Share of test units passed (0.0 without units): the partial-credit reward."""
         return self.n_passed / self.n_tests if self.n_tests else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (JSON-safe) for logs and infos."""
         return asdict(self)
 
 

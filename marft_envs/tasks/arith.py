@@ -196,6 +196,7 @@ class ArithTask(Task):
         raise AssertionError("unreachable")
 
     def get(self, index: int) -> Problem:
+        """Problem ``index``, built deterministically from the index (no stored data)."""
         index = int(index)
         if not 0 <= index < len(self):
             raise IndexError(f"problem index {index} out of range for {len(self)} problems")
@@ -212,6 +213,7 @@ class ArithTask(Task):
         )
 
     def grade(self, response: str, problem: Problem) -> GradeResult:
+        """Exact match of the last boxed (else last) number with the integer answer."""
         try:
             extracted, boxed = extract_final_number(response)
         except Exception as e:  # a grader never raises

@@ -251,6 +251,7 @@ class HumanEvalTask(_CodeTask):
         return len(self.rows)
 
     def get(self, index: int) -> Problem:
+        """HumanEval problem ``index``: the prompt as a fenced block; answer = canonical solution."""
         index = int(index)
         if not 0 <= index < len(self.rows):
             raise IndexError(f"problem index {index} out of range [0, {len(self.rows)})")
@@ -263,6 +264,7 @@ class HumanEvalTask(_CodeTask):
                              "index": index, "split": "test"})
 
     def grade(self, response: str, problem: Problem) -> GradeResult:
+        """Run the response's code against the problem's unit tests in the sandbox."""
         index = int(problem.meta["index"])
         row = self.rows[index]
         setup, units = _he_units(index)
@@ -366,6 +368,7 @@ class MBPPTask(_CodeTask):
         return units
 
     def get(self, index: int) -> Problem:
+        """MBPP problem ``index``: the description plus its tests; answer = reference code."""
         index = int(index)
         if not 0 <= index < len(self.rows):
             raise IndexError(f"problem index {index} out of range [0, {len(self.rows)})")
@@ -378,6 +381,7 @@ class MBPPTask(_CodeTask):
                              "index": index, "split": self.split})
 
     def grade(self, response: str, problem: Problem) -> GradeResult:
+        """Run the response's code against ``test_list`` (and challenge tests) in the sandbox."""
         row = self.rows[int(problem.meta["index"])]
         return _grade(response, lambda code: code, self._units(row),
                       row.get("test_setup_code") or "", _mbpp_entry(row),

@@ -78,6 +78,7 @@ class EchoTask(Task):
         return math.factorial(len(self.vocabulary))
 
     def get(self, index: int) -> Problem:
+        """Problem ``index``: one ordering of the vocabulary (any word is a valid answer)."""
         index = int(index)
         if not 0 <= index < len(self):
             raise IndexError(f"problem index {index} out of range for {len(self)} problems")
@@ -93,6 +94,8 @@ class EchoTask(Task):
         )
 
     def grade(self, response: str, problem: Problem) -> GradeResult:
+        """Single-response form: correct when the reply is a vocabulary word
+        (the env uses :meth:`grade_turn`, which also checks the speaker)."""
         word = _word(response)
         ok = word in self.vocabulary
         return GradeResult(correct=ok, score=float(ok), extracted=word or None, format_ok=ok)

@@ -50,6 +50,7 @@ class GSM8KTask(Task):
 
     @property
     def rows(self) -> list[dict[str, Any]]:
+        """The split's rows, loaded on first use (constructing the task loads nothing)."""
         if self._rows is None:
             self._rows = load_split("gsm8k", self.split, self.data_dir)
         return self._rows
@@ -63,6 +64,7 @@ class GSM8KTask(Task):
         return len(self.rows)
 
     def get(self, index: int) -> Problem:
+        """Problem ``index``; the answer is the number after ``####``, the solution is in meta."""
         index = int(index)
         if not 0 <= index < len(self.rows):
             raise IndexError(f"problem index {index} out of range [0, {len(self.rows)})")
@@ -75,6 +77,7 @@ class GSM8KTask(Task):
         )
 
     def grade(self, response: str, problem: Problem) -> GradeResult:
+        """Numeric equality with the gold, in a worker process with a hard timeout."""
         return grade_gsm8k_result(response, problem.answer, timeout=self.timeout)
 
     def __repr__(self) -> str:

@@ -85,6 +85,7 @@ class MathTask(Task):
 
     @property
     def rows(self) -> list[dict[str, Any]]:
+        """The split's rows, loaded on first use (constructing the task loads nothing)."""
         if self._rows is None:
             self._rows = load_split("math", self.split, self.data_dir)
         return self._rows
@@ -123,6 +124,7 @@ class MathTask(Task):
         return len(self.index)
 
     def get(self, index: int) -> Problem:
+        """Problem ``index`` of the filtered split; the answer is the boxed gold."""
         index = int(index)
         if not 0 <= index < len(self.index):
             raise IndexError(f"problem index {index} out of range [0, {len(self.index)})")
@@ -144,6 +146,8 @@ class MathTask(Task):
         )
 
     def grade(self, response: str, problem: Problem) -> GradeResult:
+        """math-verify (sympy fallback) equivalence with the gold, in a worker process
+        with a hard timeout."""
         return grade_math_result(response, problem.answer, timeout=self.timeout)
 
     def __repr__(self) -> str:

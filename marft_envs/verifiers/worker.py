@@ -64,6 +64,7 @@ class GradingStats:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, seconds: float, *, timed_out: bool = False, crashed: bool = False) -> None:
+        """Count one grading call and its duration (thread-safe)."""
         with self._lock:
             self.calls += 1
             self.timeouts += int(timed_out)
@@ -72,10 +73,12 @@ class GradingStats:
             self.max_seconds = max(self.max_seconds, seconds)
 
     def record_restart(self) -> None:
+        """Count one worker restart (after a kill or a crash)."""
         with self._lock:
             self.restarts += 1
 
     def as_dict(self) -> dict[str, float]:
+        """A consistent snapshot of the counters, for logs and metrics."""
         with self._lock:
             return {
                 "calls": self.calls,
@@ -87,6 +90,7 @@ class GradingStats:
             }
 
     def reset(self) -> None:
+        """Zero every counter (e.g. between evaluation runs)."""
         with self._lock:
             self.calls = self.timeouts = self.crashes = self.restarts = 0
             self.max_seconds = self.total_seconds = 0.0
@@ -481,6 +485,7 @@ class WorkerPool:
         return "error", "unreachable", 0.0
 
     def close(self) -> None:
+        """Kill every worker and refuse new calls; waiting callers wake up and fail."""
         with self._cond:
             self._closed = True
             workers = list(self._all)
@@ -491,6 +496,8 @@ class WorkerPool:
             worker.kill()
 
     def forget_after_fork(self) -> None:
+        """In a forked child: close this pool's copies of the workers' pipes without
+        killing the workers (they are the parent's); the child starts a fresh pool."""
         for worker in list(self._all):
             worker.close_fds_only()
 
