@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -243,7 +243,7 @@ class RouteDecision:
     target: str
     status: str
     raw: str | None = None
-    line_unparsed: bool = False
+    line_unparsed: bool = field(default=False, repr=False)  # repr kept as documented
 
     @property
     def parsed(self) -> bool:
