@@ -69,23 +69,3 @@ def test_check_env_catches_broken_envs(cls, match):
     with pytest.raises(AssertionError, match=match):
         check_env(cls("arith", "duo"), n_episodes=2, pettingzoo_checks=False)
 
-
-def test_public_api_has_docstrings():
-    """Every public function, class and method of marft_envs says what it does and why."""
-    import ast
-    from pathlib import Path
-
-    root = Path(marft_envs.__file__).parent
-    missing = []
-
-    def walk(body, where, prefix=""):
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
-                if ast.get_docstring(node) is None:
-                    missing.append(f"{where}:{node.lineno} {prefix}{node.name}")
-                if isinstance(node, ast.ClassDef):
-                    walk(node.body, where, f"{prefix}{node.name}.")
-
-    for path in sorted(root.rglob("*.py")):
-        walk(ast.parse(path.read_text(encoding="utf-8")).body, path.relative_to(root.parent))
-    assert not missing, missing
