@@ -410,3 +410,54 @@ def test_four_roles_cost_one_base_plus_four_adapters():
     assert measured <= (base_bytes + 4 * adapter_bytes) * 1.1
     assert measured >= base_bytes + 4 * adapter_bytes  # all four adapters really exist
     assert four.parameter_bytes()["total"] == measured
+
+
+def test_sample_next_draws_follow_the_distribution_and_respect_top_p():
+    from marft_algos.models.sampling import sample_next
+
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625, 0.0])
+    rows = 40_000
+    logits = probs.clamp_min(1e-30).log().expand(rows, -1).clone()
+    ones = torch.ones(rows)
+    gen = torch.Generator().manual_seed(0)
+    tokens, lps = sample_next(logits, ones, ones, torch.zeros(rows, dtype=torch.bool), gen)
+    freq = torch.bincount(tokens, minlength=6).double() / rows
+    # 4 standard errors of a binomial frequency: fails for a biased sampler
+    se = (probs.double() * (1 - probs.double()) / rows).sqrt()
+    assert torch.all((freq - probs.double()).abs() <= 4 * se + 1e-12), freq
+    assert freq[5] == 0  # probability 0 is never drawn
+    assert torch.allclose(lps, probs[tokens].log(), atol=1e-5)
+    # top-p 0.8 keeps {0, 1, 2} (mass before token 2 is 0.75 < 0.8), drops the rest
+    tokens, _ = sample_next(logits, ones, torch.full((rows,), 0.8), torch.zeros(rows, dtype=torch.bool), gen)
+    assert set(tokens.tolist()) == {0, 1, 2}
+    kept = torch.bincount(tokens, minlength=3).double() / rows
+    assert torch.allclose(kept, torch.tensor([4 / 7, 2 / 7, 1 / 7], dtype=torch.float64), atol=0.02)
+    # seeded: the same generator seed gives the same draws
+    a, _ = sample_next(logits[:64], ones[:64], ones[:64], torch.zeros(64, dtype=torch.bool), torch.Generator().manual_seed(3))
+    b, _ = sample_next(logits[:64], ones[:64], ones[:64], torch.zeros(64, dtype=torch.bool), torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+
+
+def test_single_adapter_decode_with_merged_weights_equals_peft_path(policy):
+    from marft_algos.models.sampling import SamplingParams as SP
+
+    b = policy._bases[0]
+    name = policy.adapter_of("planner")
+    weights = [layer.get_base_layer().weight for layer in b.tuner_layers]
+    before = [(w.data_ptr(), w.detach().clone()) for w in weights]
+    with policy._merged(b, name) as merged:
+        assert merged  # plain LoRA layers: folded in
+        assert any(not torch.equal(w, c) for w, (_, c) in zip(weights, before, strict=True))
+    # restored exactly: the same storage and values
+    assert all(w.data_ptr() == ptr and torch.equal(w, c) for w, (ptr, c) in zip(weights, before, strict=True))
+    p = _prompt(policy, "planner", "merge me")
+    reqs = [GenRequest("planner", p + [65 + i], SP(temperature=1.0, max_new_tokens=12)) for i in range(3)]
+    fast = policy.generate(reqs, seed=5)
+    policy.merge_for_decode = False
+    try:
+        slow = policy.generate(reqs, seed=5)
+    finally:
+        policy.merge_for_decode = True
+    for f, s in zip(fast, slow, strict=True):
+        assert f.token_ids == s.token_ids
+        assert max(abs(x - y) for x, y in zip(f.logprobs, s.logprobs, strict=True)) < 1e-4

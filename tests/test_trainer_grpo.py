@@ -203,5 +203,5 @@ def test_grpo_learns_echo():
     torch.set_num_threads(2)
     t = make(num_envs=16, group_size=4, lr=0.05, seed=0)
     acc = train_until_learned(t, max_steps=30, target=0.8)
-    assert np.mean(acc[:2]) <= CHANCE + 0.2, acc  # it did start near chance
+    assert acc[0] <= CHANCE + 0.2, acc  # the untrained team (the batch before any update) is near chance
     assert np.mean(acc[-3:]) >= 0.8 >= CHANCE + 0.6, acc

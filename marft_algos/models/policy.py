@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ import torch
 from torch import nn
 
 from marft_algos.models.loading import load_base, parse_dtype
+from marft_algos.models.prefix import PrefixPlan, plan_prefixes
 from marft_algos.models.sampling import GenRequest, GenResult, TokenStats, sample_next
 
 __all__ = ["LoraSettings", "TeamPolicy"]
@@ -92,6 +94,43 @@ class _Base:
         return get() if callable(get) else self.model
 
 
+class _TransposedHead(nn.Module):
+    """An output projection computed as ``(W @ h.T).T`` for decoding on a CPU.
+
+    For a few rows against a large vocabulary (8 x 576 against 49152 x 576), MKL's
+    ``h @ W.T`` runs at a fraction of the memory bandwidth; the transposed product reads
+    ``W`` in its storage order and is ~2x faster (the head is a quarter of a decode step
+    of a 135M model). Same weight object, no copy.
+    """
+
+    def __init__(self, head: nn.Linear) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., V]`` of hidden states ``[..., H]``."""
+        w = self.head.weight
+        out = (w @ h.reshape(-1, h.shape[-1]).t()).t()
+        if self.head.bias is not None:
+            out = out + self.head.bias
+        return out.reshape(*h.shape[:-1], w.shape[0])
+
+
+@contextlib.contextmanager
+def _decode_head(owner: nn.Module) -> Iterator[None]:
+    """Use :class:`_TransposedHead` as ``owner.lm_head`` for a no-grad decode on a CPU."""
+    head = getattr(owner, "lm_head", None)
+    hooked = isinstance(head, nn.Module) and (head._forward_hooks or head._forward_pre_hooks)
+    if not isinstance(head, nn.Linear) or hooked or head.weight.device.type != "cpu":
+        yield  # hooks on the head (logit processors, tests) must see its own forward
+        return
+    owner.lm_head = _TransposedHead(head)
+    try:
+        yield
+    finally:
+        owner.lm_head = head
+
+
 def _sanitize(name: str) -> str:
     """peft adapter names become ModuleDict keys: no dots, not empty."""
     clean = re.sub(r"[^0-9A-Za-z_\-]", "_", name) or "adapter"
@@ -133,6 +172,13 @@ class TeamPolicy:
         full_reference: in full mode keep a frozen copy of the initial weights for
             ``reference=True`` log-probs.
         max_batch: most rows decoded together.
+        merge_for_decode: decode a batch whose rows all use one LoRA adapter with that
+            adapter folded into the base weights (faster on CPU; the weights are restored
+            exactly afterwards); rows of several adapters use peft's mixed batch.
+        share_prefixes: run a prompt prefix shared by several rows (a GRPO group, an
+            agent's system prompt and problem) once, in prefills and in training
+            log-probs (:mod:`marft_algos.models.prefix`); the results are the same up to
+            float rounding.
     """
 
     def __init__(
@@ -150,6 +196,8 @@ class TeamPolicy:
         cache_dir: str | os.PathLike[str] | None = None,
         full_reference: bool = True,
         max_batch: int = 64,
+        merge_for_decode: bool = True,
+        share_prefixes: bool = True,
     ) -> None:
         if mode not in ("lora", "shared", "full"):
             raise ValueError(f"mode must be 'lora', 'shared' or 'full', got {mode!r}")
@@ -169,6 +217,8 @@ class TeamPolicy:
             compute = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.compute_dtype = compute
         self.max_batch = int(max_batch)
+        self.merge_for_decode = bool(merge_for_decode)
+        self.share_prefixes = bool(share_prefixes)
         self.seed = seed
         self.stats: Counter[str] = Counter()
         self._train_role: str | None = None
@@ -349,6 +399,38 @@ class TeamPolicy:
                 layer._disable_adapters = dis
 
     @contextlib.contextmanager
+    def _merged(self, b: _Base, adapter: str) -> Iterator[bool]:
+        """Fold ``adapter`` into the base weights for a no-grad decode; yields whether it did.
+
+        A decode step of a 135M model on a CPU spends ~15% of its time in the LoRA side
+        paths (two small matmuls and peft's dispatch per adapted linear). With one adapter
+        for the whole batch, ``W + scale * B @ A`` is computed once per decode round and the
+        adapters are switched off; the original weight tensors are put back afterwards
+        (exactly: the same tensor objects, no subtract-to-unmerge rounding).
+        """
+        from peft.tuners.lora import Linear as LoraLinear
+
+        layers = [layer for layer in b.tuner_layers if adapter in getattr(layer, "lora_A", {})]
+        plain = all(
+            type(layer) is LoraLinear and not layer.use_dora.get(adapter, False) and not layer.merged for layer in layers
+        )
+        if not layers or not plain:
+            yield False
+            return
+        saved: list[tuple[nn.Parameter, torch.Tensor]] = []
+        try:
+            with torch.no_grad():
+                for layer in layers:
+                    w = layer.get_base_layer().weight
+                    saved.append((w, w.data))
+                    w.data = w.data + layer.get_delta_weight(adapter).to(w.dtype)
+            with self._adapter(b, None, disabled=True):
+                yield True
+        finally:
+            for w, data in saved:
+                w.data = data
+
+    @contextlib.contextmanager
     def _mode(self, module: nn.Module, train: bool) -> Iterator[None]:
         was = module.training
         module.train(train)
@@ -419,32 +501,31 @@ class TeamPolicy:
             src.append(keys.setdefault(k, len(keys)))
         uniq = list(keys)
         self.stats["prefill_shared"] += len(reqs) - len(uniq)
-        plen = max(len(p) for _, p in uniq)
-        ids = torch.full((len(uniq), plen), pad, dtype=torch.long)
-        mask = torch.zeros((len(uniq), plen), dtype=torch.long)
-        for i, (_, p) in enumerate(uniq):
-            ids[i, plen - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, plen - len(p) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        position = (mask.cumsum(-1) - 1).clamp_min(0)
-        self.stats["prefill_tokens"] += int(mask.sum())
         from transformers import DynamicCache
 
         cache = DynamicCache()
         model = b.model
-        with self._mode(model, False), self._autocast():
-            uniq_adapters = [a for a, _ in uniq]
-            out = self._forward(b, ids, mask, position, cache, uniq_adapters, keep=1)
+        distinct = {self._adapter_of[r.role] for r in reqs}
+        only = next(iter(distinct)) if len(distinct) == 1 else None
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self._mode(model, False))
+            stack.enter_context(self._autocast())
+            stack.enter_context(_decode_head(b.backbone_owner))
+            merged = only is not None and self.merge_for_decode and stack.enter_context(self._merged(b, only))
+            uniq_adapters = [None if merged else a for a, _ in uniq]
+            prompts = [list(p) for _, p in uniq]
+            run = functools.partial(self._forward, b, cache=cache)
+            logits, mask = self._prefill(run, cache, prompts, uniq_adapters, pad)
             rows = torch.tensor(src, dtype=torch.long, device=dev)
             if len(uniq) != len(reqs) or src != list(range(len(reqs))):
                 cache.batch_select_indices(rows)
-            logits = out.logits[rows, -1]
+            logits = logits[rows]
             mask = mask[rows]
             next_pos = mask.sum(-1)  # position id of the next token
             temp = torch.tensor([r.sampling.temperature for r in reqs], dtype=torch.float32, device=dev)
             top_p = torch.tensor([r.sampling.top_p for r in reqs], dtype=torch.float32, device=dev)
             greedy = torch.tensor([r.sampling.is_greedy for r in reqs], dtype=torch.bool, device=dev)
-            adapters = [self._adapter_of[r.role] for r in reqs]
+            adapters = [None if merged else self._adapter_of[r.role] for r in reqs]
             live = list(range(len(reqs)))  # request index of each batch row
             out_ids: list[list[int]] = [[] for _ in reqs]
             out_lp: list[list[float]] = [[] for _ in reqs]
@@ -477,7 +558,7 @@ class TeamPolicy:
                     live = [live[i] for i in keep]
                     adapters = [adapters[i] for i in keep]
                 mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-                out = self._forward(b, tokens[:, None], mask, next_pos[:, None], cache, adapters, keep=1)
+                out = self._forward(b, ids=tokens[:, None], mask=mask, position=next_pos[:, None], cache=cache, adapters=adapters, keep=1)
                 logits = out.logits[:, -1]
                 next_pos = next_pos + 1
         self.stats["requests"] += len(reqs)
@@ -486,9 +567,70 @@ class TeamPolicy:
             for i in range(len(reqs))
         ]
 
+    def _two_stage(
+        self,
+        run: Callable[..., Any],
+        cache: Any,
+        prompts: Sequence[Sequence[int]],
+        plan: PrefixPlan,
+        cluster_adapters: list[str | None],
+        row_adapters: list[str | None],
+        pad: int,
+        tail_ids: torch.Tensor | None = None,
+        tail_mask: torch.Tensor | None = None,
+        keep: int = 1,
+    ) -> tuple[Any, torch.Tensor]:
+        """Prefixes once per cluster, then each row's suffix (+ ``tail``) on their cache.
+
+        ``run(ids=, mask=, position=, adapters=, keep=)`` is one forward that extends
+        ``cache``. Returns the second forward's output and the attention mask of the
+        whole row (prefix, suffix, tail) for a continued decode.
+        """
+        dev = self.device
+        pid, pmask = plan.prefix_batch(prompts, pad)
+        pid, pmask = pid.to(dev), pmask.to(dev)
+        run(ids=pid, mask=pmask, position=(pmask.cumsum(-1) - 1).clamp_min(0), adapters=cluster_adapters, keep=1)
+        rows = torch.tensor(plan.cluster_of, dtype=torch.long, device=dev)
+        cache.batch_select_indices(rows)
+        sid, smask = plan.suffix_batch(prompts, pad)
+        cur, cur_mask = sid.to(dev), smask.to(dev)
+        if tail_ids is not None and tail_mask is not None:
+            cur, cur_mask = torch.cat([cur, tail_ids], 1), torch.cat([cur_mask, tail_mask], 1)
+        full = torch.cat([pmask[rows], cur_mask], 1)
+        position = (full.cumsum(-1) - 1).clamp_min(0)[:, pid.shape[1] :]
+        out = run(ids=cur, mask=full, position=position, adapters=row_adapters, keep=keep)
+        return out, full
+
+    def _prefill(
+        self, run: Callable[..., Any], cache: Any, prompts: list[list[int]], adapters: list[str | None], pad: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill ``prompts`` into ``cache``; ``(last-position logits [U, V], mask [U, W])``.
+
+        Prompts of one adapter that share a long prefix (an agent's system prompt and the
+        problem before its teammates' actions) run it once (:func:`plan_prefixes`).
+        """
+        plan = plan_prefixes(prompts, adapters) if self.share_prefixes else None
+        if plan is not None:
+            cluster_adapters = [adapters[r] for r in plan.first_row]
+            out, mask = self._two_stage(run, cache, prompts, plan, cluster_adapters, adapters, pad)
+            self.stats["prefill_tokens"] += plan.tokens(prompts)
+            self.stats["prefill_prefix_saved"] += sum(len(p) for p in prompts) - plan.tokens(prompts)
+            return out.logits[:, -1], mask
+        plen = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), plen), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), plen), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, plen - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, plen - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        self.stats["prefill_tokens"] += int(mask.sum())
+        out = run(ids=ids, mask=mask, position=(mask.cumsum(-1) - 1).clamp_min(0), adapters=adapters, keep=1)
+        return out.logits[:, -1], mask
+
     def _forward(
         self,
         b: _Base,
+        *,
         ids: torch.Tensor,
         mask: torch.Tensor,
         position: torch.Tensor,
@@ -568,8 +710,11 @@ class TeamPolicy:
     ) -> TokenStats:
         """Log-probs and entropies of ``response_ids`` given ``prompt_ids`` under ``role``.
 
-        One batched forward on exactly ``prompt + response`` (prompts left-padded,
-        responses right-padded), with grad unless called under ``torch.no_grad()``.
+        A batched forward on exactly ``prompt + response`` (prompts left-padded,
+        responses right-padded), with grad unless called under ``torch.no_grad()``. A
+        prompt prefix shared by several rows (a GRPO group; an agent's system prompt and
+        problem) runs once and the rows continue from its cache (``share_prefixes``):
+        the same tokens in the same context, fewer of them to run and backpropagate.
         ``reference=True`` evaluates the reference policy: the base with adapters disabled
         (lora/shared) or the frozen initial copy (full), always without grad.
 
@@ -588,23 +733,44 @@ class TeamPolicy:
         if rlen == 0:
             z = torch.zeros((n, 0), device=self.device)
             return TokenStats(z, z.clone(), z.clone())
-        kwargs = dict(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=False, logits_to_keep=rlen)
+        stack = contextlib.ExitStack()
         if reference:
-            with torch.no_grad(), self._autocast():
-                if self.mode == "full":
-                    if b.reference is None:
-                        raise ValueError("reference=True in mode='full' needs full_reference=True")
-                    logits = b.reference(**kwargs).logits
-                else:
-                    with self._adapter(b, None, disabled=True), self._mode(b.model, False):
-                        logits = b.model(**kwargs).logits
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(self._autocast())
+            if self.mode == "full":
+                if b.reference is None:
+                    raise ValueError("reference=True in mode='full' needs full_reference=True")
+                model = b.reference
+            else:
+                model = b.model
+                stack.enter_context(self._adapter(b, None, disabled=True))
+                stack.enter_context(self._mode(b.model, False))
         else:
-            with self._autocast(), self._mode(b.model, dropout):
-                if self.mode == "full":
-                    logits = b.model(**kwargs).logits
-                else:
-                    with self._adapter(b, self._adapter_of[role]):
-                        logits = b.model(**kwargs).logits
+            model = b.model
+            stack.enter_context(self._autocast())
+            stack.enter_context(self._mode(b.model, dropout))
+            if self.mode != "full":
+                stack.enter_context(self._adapter(b, self._adapter_of[role]))
+        plan = plan_prefixes(prompt_ids) if self.share_prefixes else None
+        with stack:
+            if plan is None:
+                kwargs = dict(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=False, logits_to_keep=rlen)
+                logits = model(**kwargs).logits
+            else:
+                from transformers import DynamicCache
+
+                cache = DynamicCache()
+
+                def run(*, ids: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, adapters: Any, keep: int) -> Any:
+                    return model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+
+                pad = b.tokenizer.pad_token_id if b.tokenizer.pad_token_id is not None else 0
+                # response tokens follow the left-padded suffixes; the last input column is
+                # dropped (nothing to predict after it), as in the one-stage layout
+                tail_ids, tail_mask = resp[:, :-1], (rmask[:, :-1] > 0).long()
+                out, _ = self._two_stage(run, cache, prompt_ids, plan, [None] * plan.num_clusters, [None] * n, pad, tail_ids, tail_mask, keep=rlen)
+                logits = out.logits
+                self.stats["train_prefix_saved"] += sum(len(p) for p in prompt_ids) - plan.tokens(prompt_ids)
         logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
         logp = logp_all.gather(-1, resp[..., None]).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)

@@ -130,5 +130,21 @@ def sample_next(
             drop = (sorted_p.cumsum(-1) - sorted_p) >= tp[:, None]
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        tokens[sampled] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tokens[sampled] = _inverse_cdf(probs, generator)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of ``probs`` ``[B, V]`` (unnormalised, >= 0) by inverse CDF.
+
+    ``torch.multinomial`` draws an exponential per vocabulary entry (~9 ms per step for
+    8 rows of a 49k vocabulary on a CPU, ~8% of a decode step); a cumulative sum and one
+    uniform per row cost ~0.3 ms. Tokens of probability 0 (top-p cut) are never drawn:
+    the search returns the first index whose cumulative mass exceeds the draw.
+    """
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    # u rounds up to the total mass with probability ~1e-16: fall back to the last kept token
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.uint8).argmax(-1)
+    return torch.minimum(idx, last)
