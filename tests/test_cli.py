@@ -106,3 +106,18 @@ def test_every_command_has_help(capsys):
             main([name, "--help"])
         assert e.value.code == 0
         assert f"usage: marft {name}" in capsys.readouterr().out
+
+
+def test_quickstart_runs_end_to_end_on_a_tiny_model(tmp_path, capsys):
+    out = tmp_path / "qs"
+    argv = ["quickstart", "--model", "tiny-random", "--env", "echo-duo-v0", "--steps", "2", "--eval-n", "4", "--out", str(out),
+            "--set", "num_envs=4", "--set", "progress=false"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "untrained team" in printed and "trained (2 steps)" in printed
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["config"]["algo"] == "marft-action" and summary["steps"] == 2
+    # the recipe's sampling applies to this env's own roles (no reasoner/actor here)
+    assert summary["config"]["sampling_overrides"] == {"speaker": {"temperature": 0.7}, "listener": {"temperature": 0.7}}
+    assert summary["before"]["n"] == summary["after"]["n"] == 4
+    assert (out / "learning_curve.png").is_file() and (out / "results.txt").read_text().count("\n") >= 3
