@@ -1,7 +1,7 @@
 """The headline experiment: untrained solo vs untrained duo vs duo trained with
 action-level MARFT vs duo trained with GRPO, on held-out problems, with learning curves.
 
-    python benchmarks/headline.py --model smollm2-135m --minutes 45 --out runs/headline          # full (expect ~2 h CPU)
+    python benchmarks/headline.py --model smollm2-135m --algos grpo,marft-action,marft-token,ippo --minutes 22 --out runs/headline  # ~2.5 h CPU
     python benchmarks/headline.py --minutes 8 --eval-n 83 --curve-n 40 --out runs/headline-small  # reduced
     python benchmarks/headline.py --model tiny-random --steps 2 --eval-n 4 --max-new-tokens 8 --out /tmp/h  # smoke
 
@@ -75,11 +75,13 @@ def _config(algo: str, args: argparse.Namespace, out: Path) -> Any:
         "out_dir": str(out / algo), "transcript_every": 10, "progress": False, "save_every": 0,
         **COMMON, **ALGO_DEFAULTS.get(algo, {}),
     }
-    if args.max_new_tokens:
-        import marft_envs
+    import marft_envs
 
-        agents = marft_envs.make(args.env).possible_agents
-        data["sampling_overrides"] = {a: {"max_new_tokens": args.max_new_tokens} for a in agents}
+    agents = marft_envs.make(args.env).possible_agents
+    sampling: dict[str, Any] = {"temperature": args.train_temperature}
+    if args.max_new_tokens:
+        sampling["max_new_tokens"] = args.max_new_tokens
+    data["sampling_overrides"] = {a: dict(sampling) for a in agents}
     names = {f.name for f in __import__("dataclasses").fields(spec.config_cls)}
     data = {k: v for k, v in data.items() if k in names}
     return spec, config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, data, args.set))
@@ -164,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-n", type=int, default=83, help="held-out problems of the final table (arith's test split has 83)")
     p.add_argument("--curve-n", type=int, default=40, help="held-out problems per learning-curve point")
     p.add_argument("--temperature", type=float, default=0.0, help="evaluation temperature (0 = greedy)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="per agent, training and evaluation (0 = the profiles' own)")
+    p.add_argument("--train-temperature", type=float, default=0.7, help="rollout temperature while training (every agent; as the quickstart)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="per agent, training and evaluation (0 = the profiles' own)")
     p.add_argument("--num-envs-eval", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every algorithm (marft train --set syntax)")
@@ -216,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = (
         f"# Headline experiment\n\n`{' '.join(['python', 'benchmarks/headline.py', *(argv if argv is not None else sys.argv[1:])])}`\n\n"
         f"model `{args.model}`, env `{args.env}` (solo baseline `{solo_env}`), held-out: test problems 0..{len(problems) - 1}, "
-        f"temperature {args.temperature}, max {args.max_new_tokens} new tokens per agent, training budget {args.minutes} min "
+        f"temperature {args.temperature} (training rollouts {args.train_temperature}), max {args.max_new_tokens} new tokens per agent, training budget {args.minutes} min "
         f"or {args.steps} steps per algorithm, total wall time {(time.time() - t_start) / 60:.1f} min; versions: "
         + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n" + table + "\n\n## Learning curves\n\n"
         + markdown_table(curves, CURVE_COLUMNS) + "\n"
