@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from marft_algos.models.loading import load_base, parse_dtype
-from marft_algos.models.prefix import PrefixPlan, plan_prefixes
+from marft_algos.models.prefix import PrefixPlan, left_pad, plan_prefixes
 from marft_algos.models.sampling import GenRequest, GenResult, TokenStats, sample_next
 
 __all__ = ["LoraSettings", "TeamPolicy"]
@@ -616,12 +616,7 @@ class TeamPolicy:
             self.stats["prefill_tokens"] += plan.tokens(prompts)
             self.stats["prefill_prefix_saved"] += sum(len(p) for p in prompts) - plan.tokens(prompts)
             return out.logits[:, -1], mask
-        plen = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), plen), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), plen), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, plen - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, plen - len(p) :] = 1
+        ids, mask = left_pad(prompts, pad)
         ids, mask = ids.to(self.device), mask.to(self.device)
         self.stats["prefill_tokens"] += int(mask.sum())
         out = run(ids=ids, mask=mask, position=(mask.cumsum(-1) - 1).clamp_min(0), adapters=adapters, keep=1)

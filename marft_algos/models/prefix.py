@@ -18,7 +18,24 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PrefixPlan", "plan_prefixes"]
+__all__ = ["PrefixPlan", "left_pad", "plan_prefixes"]
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists as one left-padded batch ``(ids [B, W], attention_mask [B, W])``.
+
+    >>> ids, mask = left_pad([[5, 6], [7]], pad=0)
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
+    """
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, x in enumerate(seqs):
+        if len(x):
+            ids[i, width - len(x) :] = torch.as_tensor(list(x), dtype=torch.long)
+            mask[i, width - len(x) :] = 1
+    return ids, mask
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -55,24 +72,11 @@ class PrefixPlan:
 
     def prefix_batch(self, prompts: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prefixes ``(ids [C, L], attention_mask [C, L])``."""
-        width = max(self.prefix_len)
-        ids = torch.full((self.num_clusters, width), pad, dtype=torch.long)
-        mask = torch.zeros((self.num_clusters, width), dtype=torch.long)
-        for c, (row, n) in enumerate(zip(self.first_row, self.prefix_len, strict=True)):
-            ids[c, width - n :] = torch.as_tensor(list(prompts[row][:n]), dtype=torch.long)
-            mask[c, width - n :] = 1
-        return ids, mask
+        return left_pad([prompts[row][:n] for row, n in zip(self.first_row, self.prefix_len, strict=True)], pad)
 
     def suffix_batch(self, prompts: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt suffixes after each row's prefix ``(ids [B, S], mask [B, S])``."""
-        tails = [list(p[self.prefix_len[c] :]) for p, c in zip(prompts, self.cluster_of, strict=True)]
-        width = max(len(t) for t in tails)
-        ids = torch.full((len(tails), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(tails), width), dtype=torch.long)
-        for i, t in enumerate(tails):
-            ids[i, width - len(t) :] = torch.as_tensor(t, dtype=torch.long)
-            mask[i, width - len(t) :] = 1
-        return ids, mask
+        return left_pad([p[self.prefix_len[c] :] for p, c in zip(prompts, self.cluster_of, strict=True)], pad)
 
 
 def plan_prefixes(

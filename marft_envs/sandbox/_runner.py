@@ -301,11 +301,8 @@ def readonly_root(workdir: str) -> None:
     check(libc.syscall(nr, -100, wd, 0, ctypes.byref(rw), 32), "writable workdir")
 
 
-def drop_capabilities() -> None:
-    """Empty the bounding, effective, permitted and inheritable sets (no regain on exec)."""
-    import ctypes
-
-    libc = _libc()
+def _drop_bounding_set(libc: ctypes.CDLL) -> None:  # noqa: F821  (ctypes is imported lazily)
+    """Empty the capability bounding set: no capability comes back through an exec."""
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             last = int(f.read())
@@ -313,6 +310,14 @@ def drop_capabilities() -> None:
         last = 40
     for cap in range(last + 1):
         libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (errors ignored: already gone)
+
+
+def drop_capabilities() -> None:
+    """Empty the bounding, effective, permitted and inheritable sets (no regain on exec)."""
+    import ctypes
+
+    libc = _libc()
+    _drop_bounding_set(libc)
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)
     data = (ctypes.c_uint32 * 6)()
     if libc.capset(ctypes.byref(header), ctypes.byref(data)) != 0:
@@ -336,13 +341,7 @@ def drop_to_user(workdir: str, uid: int, gid: int) -> list[int]:
     for p in sys.path:
         if p and p not in path_fds and os.path.isdir(p):
             path_fds[p] = os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last = int(f.read())
-    except OSError:
-        last = 40
-    for cap in range(last + 1):
-        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP: no way back through exec
+    _drop_bounding_set(libc)
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: setuid binaries inert
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
     os.setgroups([])
