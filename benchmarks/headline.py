@@ -2,7 +2,7 @@
 action-level MARFT vs duo trained with GRPO, on held-out problems, with learning curves.
 
     python benchmarks/headline.py --model smollm2-135m --algos grpo,marft-action,marft-token,ippo --minutes 22 --out runs/headline  # ~2.5 h CPU
-    python benchmarks/headline.py --minutes 8 --eval-n 83 --curve-n 40 --out runs/headline-small  # reduced
+    python benchmarks/headline.py --minutes 8 --eval-n 100 --curve-n 40 --out runs/headline-small  # reduced
     python benchmarks/headline.py --model tiny-random --steps 2 --eval-n 4 --max-new-tokens 8 --out /tmp/h  # smoke
 
 GSM8K with the paper's model family (opt-in model; not run or timed by us yet)::
@@ -163,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget per algorithm")
     p.add_argument("--steps", type=int, default=10_000, help="max training steps per algorithm")
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--eval-n", type=int, default=83, help="held-out problems of the final table (arith's test split has 83)")
-    p.add_argument("--curve-n", type=int, default=40, help="held-out problems per learning-curve point")
+    p.add_argument("--eval-n", type=int, default=200, help="held-out problems of the final table (test indices 0..n-1)")
+    p.add_argument("--curve-n", type=int, default=80, help="held-out problems per learning-curve point")
     p.add_argument("--temperature", type=float, default=0.0, help="evaluation temperature (0 = greedy)")
     p.add_argument("--train-temperature", type=float, default=0.7, help="rollout temperature while training (every agent; as the quickstart)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="per agent, training and evaluation (0 = the profiles' own)")

@@ -5,7 +5,7 @@ A thin script around :mod:`marft_algos.leaderboard` (installed with marft, also
 
     python benchmarks/leaderboard.py --suite arith --k 1 --temperature 0.7 --max-new-tokens 128 --out runs/leaderboard-arith
     python benchmarks/leaderboard.py --suite gsm8k --suite math500 --limit 100 --checkpoint duo-grpo=runs/duo-grpo
-    python benchmarks/leaderboard.py --compare untrained runs/duo-grpo --limit 83
+    python benchmarks/leaderboard.py --compare untrained runs/duo-grpo --limit 200
     python benchmarks/leaderboard.py --model tiny-random --limit 2 --max-new-tokens 4 --out /tmp/lb   # smoke
 
 See ``benchmarks/README.md`` (systems, metrics, seeds, suites, regression view).

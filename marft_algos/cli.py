@@ -5,7 +5,7 @@
     marft train ... --config cfg.json --set group_size=8 --set sampling_overrides.actor.temperature=0.7
     marft eval  --env gsm8k-duo-v0 --checkpoint runs/duo-grpo --split test --n 200
     marft list-envs | list-algos
-    marft leaderboard --suite arith --limit 83 --checkpoint duo-grpo=runs/duo-grpo --out runs/leaderboard
+    marft leaderboard --suite arith --limit 200 --checkpoint duo-grpo=runs/duo-grpo --out runs/leaderboard
     marft quickstart [--out runs/quickstart] [--minutes 6]
 
 Every field of the chosen algorithm's config is also a flag (``--group-size 8``);
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--model", default="smollm2-135m")
     q.add_argument("--minutes", type=float, default=6.0, help="training time budget")
     q.add_argument("--steps", type=int, default=1000, help="max training steps (the time budget usually ends first)")
-    q.add_argument("--eval-n", type=int, default=48, help="held-out problems per evaluation (greedy decoding)")
+    q.add_argument("--eval-n", type=int, default=64, help="held-out problems per evaluation (greedy decoding)")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return p

@@ -1,10 +1,10 @@
 """Leaderboard: systems x env suites with fixed seeds -> Markdown table, CSV and plot.
 
-    marft leaderboard --suite arith --limit 83 --k 4 --out runs/leaderboard
+    marft leaderboard --suite arith --limit 200 --k 4 --out runs/leaderboard
     marft leaderboard --suite arith --suite gsm8k --limit 50 \\
         --checkpoint duo-grpo=runs/duo-grpo --model smollm2-135m
     marft leaderboard --env my_pkg:Puzzle-duo-v0 --env-kwargs 'my_pkg:Puzzle-duo-v0={"level": 2}'
-    marft leaderboard --compare untrained runs/duo-grpo --limit 83   # what training changed, per agent
+    marft leaderboard --compare untrained runs/duo-grpo --limit 200   # what training changed, per agent
     python benchmarks/leaderboard.py ...     # the same, as a script from a checkout
 
 Systems per suite: the untrained solo / duo / trio teams (``--teams``), each checkpoint
@@ -264,7 +264,7 @@ class Suite:
 
 
 SUITES: dict[str, Suite] = {
-    "arith": Suite.for_task("arith", "arith", "test", 83),  # the whole default test split
+    "arith": Suite.for_task("arith", "arith", "test", 200),  # of ~5,000 test problems
     "gsm8k": Suite.for_task("gsm8k", "gsm8k", "test", 1319),
     "math500": Suite.for_task("math500", "math", "test500", 500),
     "humaneval": Suite.for_task("humaneval", "code", "test", 164),

@@ -73,9 +73,9 @@ Version history: v0: initial release.
 #: One doc page per env family (PettingZoo classic style).
 FAMILIES: dict[str, str] = {
     "arith": _page(
-        "Arithmetic (procedural, offline): ``What is 7 * 8?``; the default level is where a 135M "
-        "instruct model scores 10-40%. Arguments: ``split`` (train | test), ``digits`` (1), "
-        "``n_ops`` (1), ``ops`` (``+-*``). Grading: last ``\\boxed{}``, else last number; exact. "
+        "Arithmetic (procedural, offline): ``What is 47 - 18?``; the default level is where a 135M "
+        "instruct model scores 10-40%. Arguments: ``split`` (train | test), ``digits`` (2), "
+        "``n_ops`` (1), ``ops`` (``+-``). Grading: last ``\\boxed{}``, else last number; exact. "
         "See :mod:`marft_envs.tasks.arith`."
     ),
     "gsm8k": _page(

@@ -14,19 +14,29 @@ def _expected(expr: str) -> int:
     return eval(expr)  # test oracle only: the expressions are digits and + - *
 
 
-def test_default_level_is_small_disjoint_and_complete():
+def test_default_level_is_enumerated_disjoint_and_complete():
     train, test = ArithTask("train"), ArithTask("test")
-    assert len(train) + len(test) == 300  # 10 * 10 * 3 one-digit two-operand expressions
+    assert len(train) + len(test) == 20_000  # 100 * 100 * 2 two-digit one-operator expressions
     train_q = {train.get(i).question for i in range(len(train))}
     test_q = {test.get(i).question for i in range(len(test))}
     assert len(train_q) == len(train) and len(test_q) == len(test)  # each problem exactly once
     assert not train_q & test_q
     ops = {train.get(i).meta["expression"].split()[1] for i in range(len(train))}
-    assert ops == {"+", "-", "*"}
+    assert ops == {"+", "-"}
+    assert 0.2 < len(test) / 20_000 < 0.3
+
+
+def test_easy_level_is_small_disjoint_and_complete():
+    train, test = ArithTask("train", digits=1, ops="+-*"), ArithTask("test", digits=1, ops="+-*")
+    assert len(train) + len(test) == 300  # 10 * 10 * 3 one-digit two-operand expressions
+    train_q = {train.get(i).question for i in range(len(train))}
+    test_q = {test.get(i).question for i in range(len(test))}
+    assert len(train_q) == len(train) and len(test_q) == len(test)
+    assert not train_q & test_q
     assert 0.15 < len(test) / 300 < 0.35
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"digits": 2, "n_ops": 2}, {"digits": 3, "n_ops": 3, "ops": "+-"}, {"ops": "*"}])
+@pytest.mark.parametrize("kwargs", [{}, {"digits": 1, "ops": "+-*"}, {"digits": 2, "n_ops": 2, "ops": "+-*"}, {"digits": 3, "n_ops": 3, "ops": "+-"}, {"ops": "*"}])
 def test_answers_follow_precedence_and_are_deterministic(kwargs):
     task = ArithTask("train", **kwargs)
     again = ArithTask("train", **kwargs)
@@ -39,7 +49,7 @@ def test_answers_follow_precedence_and_are_deterministic(kwargs):
 
 def test_large_levels_are_disjoint_by_hash():
     train, test = ArithTask("train", digits=2, n_ops=2), ArithTask("test", digits=2, n_ops=2)
-    assert len(train) == 10**9
+    assert len(train) == 10**9  # 100**3 * 2**2 expressions: drawn, not enumerated
     tr = {train.get(i).meta["expression"] for i in range(300)}
     te = {test.get(i).meta["expression"] for i in range(300)}
     assert not tr & te
@@ -50,7 +60,7 @@ def test_knobs_are_validated():
         with pytest.raises(ValueError):
             ArithTask(**bad)
     with pytest.raises(IndexError):
-        ArithTask().get(10_000)
+        ArithTask().get(len(ArithTask()))
 
 
 @pytest.mark.parametrize(
