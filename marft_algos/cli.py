@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--minutes", type=float, default=6.0, help="training time budget")
     q.add_argument("--steps", type=int, default=1000, help="max training steps (the time budget usually ends first)")
     q.add_argument("--eval-n", type=int, default=64, help="held-out problems per evaluation (greedy decoding)")
+    q.add_argument("--env-kwargs", default=None, metavar="JSON",
+                   help="keyword arguments of the env; default for arith envs: the easy level " + json.dumps(QUICKSTART_ARITH_LEVEL))
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return p
@@ -244,6 +246,9 @@ QUICKSTART_RECIPE: dict[str, Any] = {
     "lora_r": 16,
     "lora_alpha": 32,
 }
+#: The quickstart trains arith at its easy level, where a few minutes of CPU move the team
+#: visibly (the default level, ~20% for the untrained model, needs the longer headline run).
+QUICKSTART_ARITH_LEVEL: dict[str, Any] = {"digits": 1, "ops": "+-*"}
 #: Per-role sampling of the recipe; other roles (another ``--env``) sample at 0.7 with
 #: their profile's token limit.
 QUICKSTART_SAMPLING: dict[str, dict[str, Any]] = {
@@ -274,13 +279,21 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     import marft_envs
 
     base.update(QUICKSTART_RECIPE)
-    agents = marft_envs.make(args.env).possible_agents
+    if args.env_kwargs is not None:
+        try:
+            base["env_kwargs"] = json.loads(args.env_kwargs)
+        except json.JSONDecodeError as e:
+            _die(f"--env-kwargs is not valid JSON: {e}")
+    elif args.env.startswith("arith-"):
+        base["env_kwargs"] = dict(QUICKSTART_ARITH_LEVEL)
+    agents = marft_envs.make(args.env, **base.get("env_kwargs", {})).possible_agents
     base["sampling_overrides"] = {a: dict(QUICKSTART_SAMPLING.get(a, {"temperature": 0.7})) for a in agents}
     if spec.name == "grpo":
         base["group_size"] = 4
     config = config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, base, args.set))
     t_start = time.time()
-    print(f"[quickstart] loading {config.model} and building a {args.env} team ({spec.name})")
+    level = f" with {json.dumps(config.env_kwargs)}" if config.env_kwargs else ""
+    print(f"[quickstart] loading {config.model} and building a {args.env}{level} team ({spec.name})")
     trainer = spec.trainer_cls(config)
     eval_kwargs = dict(n=args.eval_n, split="test", num_envs=16, max_context=config.max_context, env_kwargs=config.env_kwargs,
                        greedy=True, sampling_overrides=config.sampling_overrides)

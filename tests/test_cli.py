@@ -121,3 +121,13 @@ def test_quickstart_runs_end_to_end_on_a_tiny_model(tmp_path, capsys):
     assert summary["config"]["sampling_overrides"] == {"speaker": {"temperature": 0.7}, "listener": {"temperature": 0.7}}
     assert summary["before"]["n"] == summary["after"]["n"] == 4
     assert (out / "learning_curve.png").is_file() and (out / "results.txt").read_text().count("\n") >= 3
+
+
+def test_quickstart_trains_arith_at_its_easy_level_unless_told(tmp_path):
+    common = ["quickstart", "--model", "tiny-random", "--steps", "1", "--eval-n", "2", "--set", "num_envs=2", "--set", "progress=false"]
+    assert main([*common, "--out", str(tmp_path / "a")]) == 0
+    cfg = json.loads((tmp_path / "a" / "results.json").read_text())["config"]
+    assert cfg["env_id"] == "arith-duo-v0" and cfg["env_kwargs"] == {"digits": 1, "ops": "+-*"}
+    assert main([*common, "--out", str(tmp_path / "b"), "--env-kwargs", "{}"]) == 0
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["config"]["env_kwargs"] == {}
+    assert main([*common, "--out", str(tmp_path / "c"), "--env-kwargs", "{digits: 1}"]) == 2  # bad JSON: one-line error
