@@ -92,8 +92,10 @@ def train_with_curve(algo: str, args: argparse.Namespace, out: Path, problems: l
     spec, config = _config(algo, args, out)
     trainer = spec.trainer_cls(config)
     curve_problems = problems[: args.curve_n]
-    first = _eval(trainer.policy, args.env, curve_problems, args)
-    curve = [{"algo": algo, "step": 0, "train_minutes": 0.0, "train_reward": float("nan"), "heldout_accuracy": first["accuracy"],
+    nan = float("nan")
+    # --curve-n 0: the curve is the training reward only (a slow model's held-out points cost too much)
+    first = _eval(trainer.policy, args.env, curve_problems, args) if curve_problems else {"accuracy": nan, "ci_low": nan, "ci_high": nan, "problems": 0}
+    curve = [{"algo": algo, "step": 0, "train_minutes": 0.0, "train_reward": nan, "heldout_accuracy": first["accuracy"],
               "ci_low": first["ci_low"], "ci_high": first["ci_high"], "problems": first["problems"]}]
     spent = 0.0
     while trainer.global_step < args.steps and spent < 60 * args.minutes:
@@ -105,12 +107,12 @@ def train_with_curve(algo: str, args: argparse.Namespace, out: Path, problems: l
         spent += time.perf_counter() - t0
         if not new:
             break
-        ev = _eval(trainer.policy, args.env, curve_problems, args)
+        ev = _eval(trainer.policy, args.env, curve_problems, args) if curve_problems else first
         reward = sum(m.get("team/reward", 0.0) for m in new) / len(new)
         curve.append({"algo": algo, "step": trainer.global_step, "train_minutes": spent / 60, "train_reward": reward,
                       "heldout_accuracy": ev["accuracy"], "ci_low": ev["ci_low"], "ci_high": ev["ci_high"], "problems": ev["problems"]})
-        print(f"[headline] {algo} step {trainer.global_step} ({spent / 60:.1f} min): train reward {reward:.3f}, "
-              f"held-out {ev['accuracy']:.3f} on {ev['problems']}", flush=True)
+        print(f"[headline] {algo} step {trainer.global_step} ({spent / 60:.1f} min): train reward {reward:.3f}"
+              + (f", held-out {ev['accuracy']:.3f} on {ev['problems']}" if curve_problems else ""), flush=True)
     if config.out_dir:
         trainer.save_checkpoint()
         if trainer.logger is not None:

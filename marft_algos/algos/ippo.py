@@ -52,10 +52,14 @@ class IPPOTrainer(Trainer):
     # ---- modules ---------------------------------------------------------------------
     def setup(self) -> None:
         """Build the per-agent value heads on the frozen base (or take the given value model)."""
+        from marft_algos.algos.critic import Critic
         from marft_algos.models import ValueModel
 
         vm = self._value_model_arg
         self.value_model = vm if vm is not None else ValueModel(self.policy, per_agent=True)
+        # the heads sit on the frozen base: its hidden states are computed once per step
+        # (at advantage time) and the value loss only runs the heads on them
+        self._critic = Critic(self.policy, self.agents, per_agent=True, value_model=self.value_model)
 
     def value_parameters(self, agent: str) -> list[torch.nn.Parameter]:
         """The trainable parameters of ``agent``'s value head."""
@@ -91,7 +95,14 @@ class IPPOTrainer(Trainer):
                 ok = [t for t in trs if t.trainable]
                 for s in range(0, len(ok), chunk):
                     part = ok[s : s + chunk]
-                    vals = self.values_of(agent, [t.prompt_ids for t in part]).cpu().tolist()
+                    prompts = [t.prompt_ids for t in part]
+                    if self._critic.can_cache:
+                        feats = self._critic.action_features(agent, prompts)
+                        vals = self._critic.head_values(agent, feats).reshape(-1).float().cpu().tolist()
+                        for t, f in zip(part, feats, strict=True):
+                            t.extras["value_features"] = f
+                    else:
+                        vals = self.values_of(agent, prompts).cpu().tolist()
                     for t, v in zip(part, vals, strict=True):
                         t.value = float(v)
 
@@ -154,7 +165,10 @@ class IPPOTrainer(Trainer):
         from marft_algos import losses
 
         c = self.config
-        v = self.values_of(agent, [t.prompt_ids for t in mb])
+        if all("value_features" in t.extras for t in mb):
+            v = self._critic.head_values(agent, torch.stack([t.extras["value_features"] for t in mb])).reshape(-1).float()
+        else:
+            v = self.values_of(agent, [t.prompt_ids for t in mb])
         returns = torch.tensor([t.returns for t in mb], dtype=v.dtype, device=v.device)
         old_v = torch.tensor([t.value for t in mb], dtype=v.dtype, device=v.device)
         vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss)
