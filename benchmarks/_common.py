@@ -79,9 +79,20 @@ def rss_bytes() -> int:
 
 
 def max_rss_bytes() -> int:
-    """Peak RSS of this process since it started (``ru_maxrss``)."""
+    """Peak RSS of this process's own image (``VmHWM``; ``ru_maxrss`` where there is no /proc).
+
+    Linux carries ``ru_maxrss`` across ``execve``: a child started by ``subprocess`` from a
+    big parent reports the parent's RSS at fork time, so every probe would read the same.
+    ``VmHWM`` belongs to the address space, which exec replaces.
+    """
     import resource
 
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(kb if sys.platform == "darwin" else kb * 1024)
 

@@ -193,6 +193,18 @@ def test_leaderboard_compare_and_checkpoint(lb: ModuleType, tmp_path: Path) -> N
     assert any(r["system"] == "trained mine" and r["env_id"] == "arith-duo-v0" for r in rows)
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_memory_probe_child_does_not_inherit_parent_peak() -> None:
+    """A probe started by subprocess from a big parent reads its own peak, not the parent's
+    (``ru_maxrss`` survives execve on Linux; the team-size memory table relies on this)."""
+    ballast = bytearray(600 * 2**20)
+    ballast[:: 4096] = b"\x01" * len(ballast[:: 4096])  # touch every page: the parent's RSS is >= 600 MB
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks._common import max_rss_bytes; print(max_rss_bytes())"
+    child = int(subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, check=True).stdout)
+    del ballast
+    assert 0 < child < 550 * 2**20
+
+
 def test_throughput_bandwidth_section(tmp_path: Path) -> None:
     tp = _load("throughput")
     out = tmp_path / "tp"
