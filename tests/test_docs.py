@@ -245,3 +245,17 @@ def test_every_logged_metric_is_documented():
     assert {"recovery/rollback", "recovery/reason/<r>", "rollout/context_capped"} <= literal
     missing = sorted((logged | literal) - documented)
     assert not missing, f"metric keys logged but not explained in docs/algorithms.md (## Metrics): {missing}"
+
+
+def test_every_config_field_is_documented():
+    """Each algorithm's config dataclass: every field is named in docs/algorithms.md."""
+    import dataclasses
+
+    from marft_algos.trainer import get_algorithm, list_algorithms
+
+    page = (DOCS / "algorithms.md").read_text(encoding="utf-8")
+    algos = [s.name for s in list_algorithms()]
+    assert {"grpo", "ippo", "marft-action", "marft-token"} <= set(algos)
+    missing = sorted({(a, f.name) for a in algos for f in dataclasses.fields(get_algorithm(a).config_cls)
+                      if f"`{f.name}`" not in page})
+    assert not missing, f"config fields not explained in docs/algorithms.md: {missing}"
