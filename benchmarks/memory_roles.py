@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS:") -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -59,7 +58,7 @@ def child(model: str, n: int) -> dict[str, float]:
         "rss_imports_mb": rss0,
         "rss_built_mb": rss_built,
         "rss_used_mb": rss_used,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": _rss_mb("VmHWM:"),  # not ru_maxrss: Linux carries it over execve from the parent
     }
 
 
