@@ -270,3 +270,14 @@ def test_headline_end_to_end(tmp_path: Path) -> None:
     cols, curve = _csv(out / "curves.csv")
     assert cols == hl.CURVE_COLUMNS and [c["step"] for c in curve] == ["0", "1"]
     assert (out / "headline.png").is_file()
+
+
+def test_memory_roles_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """n roles on one base: one base's parameters plus n adapters, measured in fresh processes."""
+    mr = _load("memory_roles")
+    mr.main(["--models", "tiny-random", "--roles", "1", "2"])
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("tiny-random")]
+    assert [r[1] for r in rows] == ["1", "2"]
+    (_, _, p1, a1, naive1, *_), (_, _, p2, a2, naive2, *_) = rows
+    assert float(a2) > float(a1) > 0  # one adapter per role
+    assert float(p2) - float(p1) < float(naive2) - float(naive1)  # a role costs an adapter, not a base
