@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from _fast_path import assert_fast_path_exact
 
 from marft_algos.models import (
     GenRequest,
@@ -452,12 +453,4 @@ def test_single_adapter_decode_with_merged_weights_equals_peft_path(policy):
     assert all(w.data_ptr() == ptr and torch.equal(w, c) for w, (ptr, c) in zip(weights, before, strict=True))
     p = _prompt(policy, "planner", "merge me")
     reqs = [GenRequest("planner", p + [65 + i], SP(temperature=1.0, max_new_tokens=12)) for i in range(3)]
-    fast = policy.generate(reqs, seed=5)
-    policy.merge_for_decode = False
-    try:
-        slow = policy.generate(reqs, seed=5)
-    finally:
-        policy.merge_for_decode = True
-    for f, s in zip(fast, slow, strict=True):
-        assert f.token_ids == s.token_ids
-        assert max(abs(x - y) for x, y in zip(f.logprobs, s.logprobs, strict=True)) < 1e-4
+    assert_fast_path_exact(policy, "merge_for_decode", reqs, seed=5)
