@@ -133,6 +133,24 @@ def test_action_level_dynamic_route_successor_is_next_executed() -> None:
     np.testing.assert_allclose(adv2, exp)
 
 
+def test_action_level_dag_trio_chains_in_execution_order() -> None:
+    # arith-trio-v0's DAG: solver_a and solver_b (parallel, no parents) -> aggregator.
+    # The chain is the executed order; solver_b is solver_a's successor although it does
+    # not see solver_a's action. One turn, reward 1 on the aggregator, gamma .99, lam .95:
+    # A2 = 1 - 0.6 = 0.4
+    # A1 = (0.99*0.6 - 0.4) + 0.9405*0.4 = 0.194 + 0.3762 = 0.5702
+    # A0 = (0.99*0.4 - 0.2) + 0.9405*0.5702 = 0.196 + 0.5362731 = 0.7322731
+    import marft_envs
+
+    topo = marft_envs.make("arith-trio-v0").team.topology
+    order = topo.topological_order()
+    assert order == ["solver_a", "solver_b", "aggregator"]
+    assert topo.parents("solver_b") == [] and set(topo.parents("aggregator")) == {"solver_a", "solver_b"}
+    adv, ret = action_level_gae([0, 0, 1], [0.2, 0.4, 0.6], turns=[0, 0, 0])
+    np.testing.assert_allclose(adv, [0.7322731, 0.5702, 0.4], atol=1e-9)
+    np.testing.assert_allclose(ret, np.array([0.7322731, 0.5702, 0.4]) + [0.2, 0.4, 0.6], atol=1e-9)
+
+
 def test_action_level_terminated_episode_inside_batch_does_not_leak() -> None:
     # episode 3 (2 links, terminated) followed by episode 4 (4 links): each equals its own run
     r = np.array([0, 1, 0, 0, 0, 2.0])
