@@ -623,6 +623,10 @@ class Trainer(ABC):
                     break
                 m = self.train_step()
                 new.append(m)
+                if c.max_minutes is not None:  # a time budget ends the run: the bar's total (and ETA) follows it
+                    elapsed = time.time() - start
+                    left = max(0.0, 60 * c.max_minutes - elapsed)
+                    bar.total = min(target, self.global_step + math.ceil(left * len(new) / max(elapsed, 1e-9)))
                 bar.update(1)
                 bar.set_postfix(team_reward=f"{m.get('team/reward', float('nan')):.3f}", step_s=f"{m['perf/step_s']:.1f}")
                 if c.out_dir and c.save_every and self.global_step % c.save_every == 0:
