@@ -108,6 +108,40 @@ class Critic:
         """``V(o)`` for each prompt -> ``[B]`` (with grad unless under ``no_grad``)."""
         return self.vm.values(agent, prompts).reshape(len(prompts)).float()
 
+    def fill_action_values(self, transitions: Sequence[Any], chunk: int = 16) -> None:
+        """``t.value = V(o)`` for every transition (no grad), ``chunk`` prompts per forward.
+
+        Non-trainable transitions (over-long prompts) get a placeholder 0 that the GAE
+        passes through. With a cacheable base the hidden states are kept in
+        ``t.extras["critic_feat"]`` for :meth:`minibatch_action_values`.
+        """
+        cache = self.can_cache
+        with torch.no_grad():
+            for agent in self.agents:
+                trs = [t for t in transitions if t.agent == agent]
+                for t in trs:
+                    t.value = 0.0
+                ok = [t for t in trs if t.trainable]
+                for s in range(0, len(ok), chunk):
+                    part = ok[s : s + chunk]
+                    prompts = [t.prompt_ids for t in part]
+                    if cache:
+                        feats = self.action_features(agent, prompts)
+                        vals = self.head_values(agent, feats).reshape(len(part)).float().cpu().tolist()
+                        for t, f in zip(part, feats, strict=True):
+                            t.extras["critic_feat"] = f
+                    else:
+                        vals = self.action_values(agent, prompts).cpu().tolist()
+                    for t, v in zip(part, vals, strict=True):
+                        t.value = float(v)
+
+    def minibatch_action_values(self, agent: str, mb: Sequence[Any]) -> torch.Tensor:
+        """``V(o)`` of a training minibatch -> ``[B]`` with grad: the head on the features
+        cached by :meth:`fill_action_values`, else a full forward."""
+        if all("critic_feat" in t.extras for t in mb):
+            return self.head_values(agent, torch.stack([t.extras["critic_feat"] for t in mb])).reshape(len(mb)).float()
+        return self.action_values(agent, [t.prompt_ids for t in mb])
+
     def token_values(self, agent: str, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
         """``V(o, a_{<j})`` for every response token -> ``[B, T]`` left-aligned, T = longest response."""
         return self.vm.token_values(agent, prompts, responses).float()

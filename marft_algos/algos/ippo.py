@@ -82,29 +82,12 @@ class IPPOTrainer(Trainer):
     # ---- values and advantages --------------------------------------------------------
     def values_of(self, agent: str, prompts: list[list[int]]) -> torch.Tensor:
         """``V_agent(o)`` for each prompt -> ``[B]`` (with grad unless under ``no_grad``)."""
-        return self.value_model.values(agent, prompts).reshape(-1).float()
+        return self._critic.action_values(agent, prompts)
 
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
         """V_i(o) for every transition of agent i (no grad); over-long prompts get a
         placeholder 0 (the GAE passes them through)."""
-        with torch.no_grad():
-            for agent in self.agents:
-                trs = [t for t in batch.transitions if t.agent == agent]
-                for t in trs:
-                    t.value = 0.0
-                ok = [t for t in trs if t.trainable]
-                for s in range(0, len(ok), chunk):
-                    part = ok[s : s + chunk]
-                    prompts = [t.prompt_ids for t in part]
-                    if self._critic.can_cache:
-                        feats = self._critic.action_features(agent, prompts)
-                        vals = self._critic.head_values(agent, feats).reshape(-1).float().cpu().tolist()
-                        for t, f in zip(part, feats, strict=True):
-                            t.extras["value_features"] = f
-                    else:
-                        vals = self.values_of(agent, prompts).cpu().tolist()
-                    for t, v in zip(part, vals, strict=True):
-                        t.value = float(v)
+        self._critic.fill_action_values(batch.transitions, chunk)
 
     def compute_advantages(self, batch: RolloutBatch) -> None:
         """Per-agent GAE over each agent's own chain (values are computed if not set)."""
@@ -165,10 +148,7 @@ class IPPOTrainer(Trainer):
         from marft_algos import losses
 
         c = self.config
-        if all("value_features" in t.extras for t in mb):
-            v = self._critic.head_values(agent, torch.stack([t.extras["value_features"] for t in mb])).reshape(-1).float()
-        else:
-            v = self.values_of(agent, [t.prompt_ids for t in mb])
+        v = self._critic.minibatch_action_values(agent, mb)
         returns = torch.tensor([t.returns for t in mb], dtype=v.dtype, device=v.device)
         old_v = torch.tensor([t.value for t in mb], dtype=v.dtype, device=v.device)
         vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss)

@@ -361,25 +361,7 @@ class MARFTActionTrainer(MARFTTrainerBase):
         With a frozen critic base the hidden states are cached in ``t.extras["critic_feat"]``
         for the critic's training passes (see :class:`~marft_algos.algos.critic.Critic`).
         """
-        cache = self.critic.can_cache
-        with torch.no_grad():
-            for agent in self.agents:
-                trs = [t for t in batch.transitions if t.agent == agent]
-                for t in trs:
-                    t.value = 0.0
-                ok = [t for t in trs if t.trainable]
-                for s in range(0, len(ok), chunk):
-                    part = ok[s : s + chunk]
-                    prompts = [t.prompt_ids for t in part]
-                    if cache:
-                        feats = self.critic.action_features(agent, prompts)
-                        vals = self.critic.head_values(agent, feats).cpu().tolist()
-                        for t, f in zip(part, feats, strict=True):
-                            t.extras["critic_feat"] = f
-                    else:
-                        vals = self.critic.action_values(agent, prompts).cpu().tolist()
-                    for t, v in zip(part, vals, strict=True):
-                        t.value = float(v)
+        self.critic.fill_action_values(batch.transitions, chunk)
 
     def compute_advantages(self, batch: RolloutBatch) -> None:
         """Action-level GAE over each episode's executed chain (see module docstring)."""
@@ -418,10 +400,7 @@ class MARFTActionTrainer(MARFTTrainerBase):
         from marft_algos import losses
 
         c = self.config
-        if all("critic_feat" in t.extras for t in mb):
-            v = self.critic.head_values(agent, torch.stack([t.extras["critic_feat"] for t in mb]))
-        else:
-            v = self.critic.action_values(agent, [t.prompt_ids for t in mb])
+        v = self.critic.minibatch_action_values(agent, mb)
         returns = torch.tensor([t.returns for t in mb], dtype=v.dtype, device=v.device)
         old_v = torch.tensor([t.value for t in mb], dtype=v.dtype, device=v.device)
         loss = losses.value_loss(v, returns, old_v, kind=c.value_loss, delta=c.huber_delta, clip=c.value_clip)
