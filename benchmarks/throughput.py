@@ -334,6 +334,8 @@ def run_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _memory_probe_subprocess(args: argparse.Namespace, n: int) -> dict[str, float]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", str(n), "--model", args.model,
            "--scaling-episodes", str(args.scaling_episodes), "--scaling-tokens", str(args.scaling_tokens), "--seed", str(args.seed)]
+    if args.activation_checkpointing:
+        cmd.append("--activation-checkpointing")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("MEMPROBE ")]
     if out.returncode != 0 or not lines:
@@ -360,6 +362,7 @@ def memory_probe(args: argparse.Namespace, n: int) -> dict[str, float]:
         plot=False,
         tensorboard=False,
         transcript_every=0,
+        activation_checkpointing=args.activation_checkpointing,
     )
     trainer = GRPOTrainer(config)
     trainer.train_step()
@@ -537,7 +540,8 @@ def write_report(out: Path, args: argparse.Namespace, res: dict[str, Any]) -> st
     if res.get("scaling"):
         parts.append(
             f"## Team-size scaling (chains on one base, {args.scaling_episodes} episodes x <= {args.scaling_tokens} tokens per agent; "
-            f"time: median/min/max of {args.scaling_reps} interleaved repetitions; memory: one GRPO step in a fresh process)\n\n"
+            f"time: median/min/max of {args.scaling_reps} interleaved repetitions; memory: one GRPO step in a fresh process"
+            + (", activation checkpointing on" if args.activation_checkpointing else "") + ")\n\n"
             + markdown_table(res["scaling"], SCALING_COLUMNS, digits=3)
         )
     if res.get("bandwidth"):
@@ -569,6 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scaling-episodes", type=int, default=8)
     p.add_argument("--scaling-tokens", type=int, default=32)
     p.add_argument("--scaling-reps", type=int, default=3)
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="memory probes train with activation checkpointing (TrainConfig.activation_checkpointing)")
     p.add_argument("--bandwidth-mb", type=int, default=512, help="buffer for the bandwidth probe (far above the caches)")
     p.add_argument("--decode-batches", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--decode-tokens", type=int, default=64)

@@ -38,8 +38,7 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-_FP16_NAMES = frozenset({"fp16", "float16", "half"})
-_DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp32", "float32", "float"})
+_DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
 
 
 @dataclass
@@ -59,7 +58,8 @@ class TrainConfig:
     lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout; must be 0 for training (log-probs are computed without dropout, like the sampled ones)."})
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu', 'cuda', 'cuda:1', ..."})
-    dtype: str | None = field(default=None, metadata={"help": "Compute dtype: None (fp32 on CPU, bf16 autocast with fp32 master weights on GPU), 'bf16' or 'fp32'; fp16 is refused (no loss scaling)."})
+    dtype: str | None = field(default=None, metadata={"help": "Compute dtype: None (fp32 on CPU, bf16 autocast on GPU), 'bf16', 'fp16' or 'fp32'. Parameters stay fp32 (master weights); fp16 adds dynamic loss scaling (init_loss_scale)."})
+    activation_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward pass instead of storing its activations: a training step's memory stops growing with tokens x layers (about one more forward of cost; training forwards then skip prefix sharing)."})
     max_context: int = field(default=2048, metadata={"help": "Max prompt+response tokens; longer prompts are counted (rollout/overlong) and not trained on."})
     sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {temperature, top_p, max_new_tokens, stop}} over the profile's train sampling."})
     eval_sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {...}} over the profile's eval sampling."})
@@ -73,6 +73,7 @@ class TrainConfig:
     lr_scheduler: str = field(default="constant", metadata={"help": "'constant' or 'linear' decay to 0 at `steps`, both after `warmup_steps`."})
     warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps (optimizer steps, per agent)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (per agent); <= 0 disables clipping."})
+    init_loss_scale: float = field(default=2.0**16, metadata={"help": "fp16 only: initial dynamic loss scale (halved on an overflow, doubled after 2000 clean steps)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
     num_minibatches: int = field(default=1, metadata={"help": "Minibatches per agent per epoch."})
     # --- logging / checkpoints ---------------------------------------------------
@@ -109,6 +110,7 @@ class TrainConfig:
         _check(self.max_context >= 8, f"max_context must be >= 8 tokens, got {self.max_context}")
         _check(self.lora_r >= 1, f"lora_r must be >= 1, got {self.lora_r}")
         _check(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
+        _check(self.init_loss_scale > 0 and math.isfinite(self.init_loss_scale), f"init_loss_scale must be a positive finite number, got {self.init_loss_scale}")
         _check(self.max_minutes is None or self.max_minutes > 0, f"max_minutes must be > 0, got {self.max_minutes}")
         # The sampler runs without dropout, so the new log-probs must too (else every PPO
         # ratio and KL carries dropout-mask noise): a LoRA dropout would never be applied.
@@ -119,11 +121,6 @@ class TrainConfig:
         )
         if self.dtype is not None:
             key = str(self.dtype).lower().removeprefix("torch.")
-            _check(
-                key not in _FP16_NAMES,
-                f"dtype {self.dtype!r} is not supported for training: fp16 needs loss scaling, which the trainers do not do; "
-                "use dtype='bf16' (the default on GPUs; same range as fp32, no scaler needed) or 'fp32'",
-            )
             _check(key in _DTYPE_NAMES, f"unknown dtype {self.dtype!r}; use one of {sorted(_DTYPE_NAMES)} or None")
         for name in ("sampling_overrides", "eval_sampling_overrides"):
             for agent, sp in getattr(self, name).items():

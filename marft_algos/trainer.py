@@ -194,6 +194,8 @@ def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
         kwargs["device"] = config.device
     if config.dtype is not None:
         kwargs["dtype"] = config.dtype
+    if config.activation_checkpointing:
+        kwargs["activation_checkpointing"] = True
     return TeamPolicy(list(agents), **kwargs)
 
 
@@ -253,6 +255,7 @@ class Trainer(ABC):
         self.setup()
         self.optimizers = self.build_optimizers()
         self.schedulers = self.build_schedulers()
+        self.scaler = self.build_scaler()
         if logger is None and config.out_dir:
             from marft_algos.logging import MetricsLogger
 
@@ -382,7 +385,7 @@ class Trainer(ABC):
 
         Yes when the policy computes in fp32: the KV-cached decode and the training forward
         then agree to ~3e-6 per token (measured on the tiny model, mixed-adapter batches).
-        Under bf16/fp16 autocast (CUDA) they differ by up to ~2e-2 per token, which would
+        Under bf16/fp16 autocast they differ by up to ~2e-2 per token, which would
         put rounding noise into every ratio and KL: those runs recompute the old log-probs
         with the training forward instead (one no-grad pass per step).
         """
@@ -391,7 +394,7 @@ class Trainer(ABC):
         device = getattr(pol, "device", None)
         if dtype is None or device is None:
             return False  # an unknown policy: recompute, which is always consistent
-        return torch.device(device).type != "cuda" or dtype == torch.float32
+        return dtype == torch.float32
 
     def needs_reference(self) -> bool:
         """Reference log-probs are needed when the KL penalty to the reference is on."""
@@ -529,36 +532,64 @@ class Trainer(ABC):
         if not torch.isfinite(loss.detach()).all():
             self._skip_nonfinite(agent, "loss", opts)
             return False, {}
-        loss.backward()
+        scaler = self.scaler
+        unique: dict[int, tuple[str, torch.optim.Optimizer]] = {}  # shared optimizers once
+        for k, opt in opts.items():
+            unique.setdefault(id(opt), (k, opt))
+        (scaler.scale(loss) if scaler is not None else loss).backward()
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         norms: dict[str, float] = {}
-        seen: set[int] = set()
-        for k, opt in opts.items():
-            if id(opt) in seen:
-                continue
-            seen.add(id(opt))
+        for k, opt in unique.values():
+            if scaler is not None:
+                scaler.unscale_(opt)  # clip and check the true gradients
             params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
             if params:
                 # error_if_nonfinite=False: we check ourselves and skip instead of raising.
                 norms[k] = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if not all(math.isfinite(v) for v in norms.values()):
-            self._skip_nonfinite(agent, "grad", opts)
+            if scaler is not None:
+                # An fp16 overflow is the scaler's business (lower the scale, skip this
+                # step), not a divergence: counted apart from nonfinite_skips.
+                self._skip_overflow(agent, opts)
+            else:
+                self._skip_nonfinite(agent, "grad", opts)
             return False, norms
         if not self.before_optimizer_step(agent, metrics):
             for opt in opts.values():
                 opt.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.update()  # closes this scaling round (unscale_ happened)
             return False, norms
-        stepped: set[int] = set()
-        for k, opt in opts.items():
-            if id(opt) in stepped:
-                continue
-            stepped.add(id(opt))
-            opt.step()
+        for k, opt in unique.values():
+            if scaler is not None:
+                scaler.step(opt)
+            else:
+                opt.step()
             if k in self.schedulers:
                 self.schedulers[k].step()
             opt.zero_grad(set_to_none=True)
             self.optimizer_steps[k] += 1
+        if scaler is not None:
+            scaler.update()
         return True, norms
+
+    def build_scaler(self) -> torch.amp.GradScaler | None:
+        """A dynamic loss scaler when the policy computes in fp16, else None.
+
+        fp16 has 5 exponent bits: small gradients of the autocast backward underflow to 0
+        unless the loss is scaled up first. bf16 has fp32's range and needs no scaler.
+        """
+        if getattr(self.policy, "compute_dtype", None) != torch.float16:
+            return None
+        return torch.amp.GradScaler(self.device.type, init_scale=float(self.config.init_loss_scale))
+
+    def _skip_overflow(self, agent: str, opts: dict[str, torch.optim.Optimizer]) -> None:
+        assert self.scaler is not None
+        for opt in opts.values():
+            opt.zero_grad(set_to_none=True)
+        self.scaler.update()  # sees the inf found by unscale_ and lowers the scale
+        self.counters["train/amp_overflow_skips"] += 1
+        self.counters[f"agent/{agent}/amp_overflow_skips"] += 1
 
     def _skip_nonfinite(self, agent: str, where: str, opts: dict[str, torch.optim.Optimizer]) -> None:
         for opt in opts.values():
@@ -591,6 +622,8 @@ class Trainer(ABC):
         out.update(batch.metrics)
         out.update(metrics)
         out.update({k: float(v) for k, v in self.counters.items()})
+        if self.scaler is not None:
+            out["train/loss_scale"] = float(self.scaler.get_scale())
         for agent in self.agents:
             if agent in self.schedulers:
                 out[f"agent/{agent}/lr"] = float(self.schedulers[agent].get_last_lr()[0])
@@ -666,6 +699,7 @@ class Trainer(ABC):
             "np_rng": self.np_rng.bit_generator.state,
             "collector": self.collector.state_dict(),
             "history": self.history,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -682,6 +716,8 @@ class Trainer(ABC):
         self.np_rng.bit_generator.state = state["np_rng"]
         self.collector.load_state_dict(state["collector"])
         self.history = list(state.get("history", []))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
 
     def save_checkpoint(self, root: str | Path | None = None) -> Path:

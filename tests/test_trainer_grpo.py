@@ -172,8 +172,11 @@ def test_config_validation():
         tiny_config(sampling_overrides={"speaker": {"temprature": 0.5}})
     with pytest.raises(ConfigError, match="unknown agents"):
         GRPOTrainer(tiny_config(sampling_overrides={"reasoner": {"temperature": 0.5}}), policy=object())
-    with pytest.raises(ConfigError, match="fp16 needs loss scaling"):
-        tiny_config(dtype="float16")
+    with pytest.raises(ConfigError, match="unknown dtype"):
+        tiny_config(dtype="fp8")
+    with pytest.raises(ConfigError, match="init_loss_scale"):
+        tiny_config(dtype="float16", init_loss_scale=0.0)
+    tiny_config(dtype="float16")  # fp16 trains with dynamic loss scaling (tests/test_fp16.py)
     tiny_config(eps_low=0.2, eps_high=0.28, dynamic_sampling=True)  # DAPO settings are fine
     tiny_config(beta=0.1, mode="full")  # the reference is the frozen initial copy
 

@@ -86,6 +86,7 @@ class _Base:
     reference: nn.Module | None = None  # frozen initial copy (full mode)
     tuner_layers: list[Any] = field(default_factory=list)
     adapter_params: dict[str, list[nn.Parameter]] = field(default_factory=dict)
+    ckpt_layers: list[nn.Module] = field(default_factory=list)  # armed for activation checkpointing
 
     @property
     def backbone_owner(self) -> nn.Module:
@@ -163,8 +164,9 @@ class TeamPolicy:
         lora: LoRA settings (lora/shared modes).
         adapters: ``{role: adapter_name}``; roles naming the same adapter share it.
         device: default CUDA when available, else CPU.
-        dtype: compute dtype. ``None`` = fp32 on CPU, bf16 autocast on CUDA. Parameters
-            always stay fp32 (master weights); only the forward runs in ``dtype``.
+        dtype: compute dtype. ``None`` = fp32 on CPU, bf16 autocast on CUDA; ``"bf16"`` /
+            ``"fp16"`` autocast on any device. Parameters always stay fp32 (master
+            weights); only the forward runs in ``dtype`` (trainers add loss scaling for fp16).
         max_context: prompt + response token limit (default: the model's
             ``max_position_embeddings``).
         seed: seeds the adapters' initialisation (deterministic given the seed).
@@ -179,6 +181,12 @@ class TeamPolicy:
             agent's system prompt and problem) once, in prefills and in training
             log-probs (:mod:`marft_algos.models.prefix`); the results are the same up to
             float rounding.
+        activation_checkpointing: in training forwards (with grad) keep only each decoder
+            layer's input and recompute the layer in the backward pass, so the memory of
+            a training step no longer grows with tokens x layers (the price: one more
+            forward of the layers, and no prefix sharing in training forwards, since a
+            recomputed layer must not write a shared cache twice). Needs a transformers
+            model whose decoder layers support gradient checkpointing.
     """
 
     def __init__(
@@ -198,6 +206,7 @@ class TeamPolicy:
         max_batch: int = 64,
         merge_for_decode: bool = True,
         share_prefixes: bool = True,
+        activation_checkpointing: bool = False,
     ) -> None:
         if mode not in ("lora", "shared", "full"):
             raise ValueError(f"mode must be 'lora', 'shared' or 'full', got {mode!r}")
@@ -219,6 +228,7 @@ class TeamPolicy:
         self.max_batch = int(max_batch)
         self.merge_for_decode = bool(merge_for_decode)
         self.share_prefixes = bool(share_prefixes)
+        self.activation_checkpointing = bool(activation_checkpointing)
         self.seed = seed
         self.stats: Counter[str] = Counter()
         self._train_role: str | None = None
@@ -264,6 +274,7 @@ class TeamPolicy:
             else:
                 names = list(dict.fromkeys(self._adapter_of[r] for r in b.roles))
                 self._setup_lora(b, names)
+            b.ckpt_layers = self._checkpoint_layers(b) if self.activation_checkpointing else []
 
     # ------------------------------------------------------------------------------------
     # setup
@@ -283,6 +294,61 @@ class TeamPolicy:
         for params in b.adapter_params.values():
             for p in params:
                 p.requires_grad_(True)
+
+    @staticmethod
+    def _checkpoint_layers(b: _Base) -> list[nn.Module]:
+        """Arm transformers' per-layer checkpointing (non-reentrant) on ``b``'s decoder layers.
+
+        The layers checkpoint only while their own ``training`` flag is set, which
+        :meth:`_checkpointing` does for training forwards alone (non-recursively: dropout
+        modules stay in eval mode, so the recomputation is the same function). The
+        backward pass recomputes a layer after :meth:`_adapter` has restored the adapter
+        selection, so each layer's recomputation re-activates the adapters that were
+        active in its forward.
+        """
+        from peft.tuners.tuners_utils import BaseTunerLayer
+        from torch.utils.checkpoint import checkpoint
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in b.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise ValueError(
+                f"activation_checkpointing=True, but the decoder layers of {b.name!r} do not support gradient "
+                "checkpointing (no transformers GradientCheckpointingLayer); set activation_checkpointing=False"
+            )
+        for layer in layers:
+            tuners = [m for m in layer.modules() if isinstance(m, BaseTunerLayer)]
+
+            def run_checkpointed(fn: Any, *args: Any, _tuners: list[Any] = tuners, **kwargs: Any) -> Any:
+                state = [(t._active_adapter, t._disable_adapters) for t in _tuners]
+
+                def replay(*a: Any, **k: Any) -> Any:
+                    now = [(t._active_adapter, t._disable_adapters) for t in _tuners]
+                    for t, (active, disabled) in zip(_tuners, state, strict=True):
+                        t._active_adapter, t._disable_adapters = active, disabled
+                    try:
+                        return fn(*a, **k)
+                    finally:
+                        for t, (active, disabled) in zip(_tuners, now, strict=True):
+                            t._active_adapter, t._disable_adapters = active, disabled
+
+                return checkpoint(replay, *args, use_reentrant=False, **kwargs)
+
+            layer.gradient_checkpointing = True
+            layer._gradient_checkpointing_func = run_checkpointed
+        return layers
+
+    @contextlib.contextmanager
+    def _checkpointing(self, b: _Base) -> Iterator[None]:
+        """Checkpoint ``b``'s decoder layers inside this block (a no-op when not armed)."""
+        was = [layer.training for layer in b.ckpt_layers]
+        for layer in b.ckpt_layers:
+            layer.training = True
+        try:
+            yield
+        finally:
+            for layer, w in zip(b.ckpt_layers, was, strict=True):
+                layer.training = w
 
     def _index_adapters(self, b: _Base) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
@@ -377,8 +443,10 @@ class TeamPolicy:
     # forward helpers
     # ------------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.device.type == "cuda" and self.compute_dtype in (torch.bfloat16, torch.float16):
-            return torch.autocast("cuda", dtype=self.compute_dtype)
+        # Any device: an explicit dtype='bf16'/'fp16' on CPU runs reduced precision too
+        # (slow there; it is how the fp16 loss-scaling path is tested without a GPU).
+        if self.compute_dtype in (torch.bfloat16, torch.float16):
+            return torch.autocast(self.device.type, dtype=self.compute_dtype)
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
@@ -746,7 +814,11 @@ class TeamPolicy:
             stack.enter_context(self._mode(b.model, dropout))
             if self.mode != "full":
                 stack.enter_context(self._adapter(b, self._adapter_of[role]))
-        plan = plan_prefixes(prompt_ids) if self.share_prefixes else None
+        # (with dropout on, a recomputed layer would draw new masks: no checkpointing)
+        checkpointed = bool(b.ckpt_layers) and not reference and not dropout and torch.is_grad_enabled()
+        if checkpointed:
+            stack.enter_context(self._checkpointing(b))
+        plan = plan_prefixes(prompt_ids) if self.share_prefixes and not checkpointed else None
         with stack:
             if plan is None:
                 kwargs = dict(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=False, logits_to_keep=rlen)

@@ -1,0 +1,90 @@
+"""Activation checkpointing: the same log-probs and gradients, far fewer saved activations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("marft_algos.models")
+from marft_algos.models import TeamPolicy, build_tiny_model  # noqa: E402
+
+ROLES = ["speaker", "listener"]
+# a shared prefix (rows 0-2) exercises the prefix-sharing path of the plain policy
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [5, 6, 7, 8, 9, 10, 11, 12], [5, 6, 7, 8, 9, 10, 40], [20, 21, 22]]
+RESPONSES = [[30, 31, 32], [33, 34], [35, 36, 37, 38], [39]]
+
+
+def policy(**kw) -> TeamPolicy:
+    return TeamPolicy(ROLES, base=build_tiny_model(seed=3, layers=4), seed=1, **kw)
+
+
+def logprobs_and_grads(pol: TeamPolicy, role: str = "listener"):
+    for p in pol.trainable_parameters(role):
+        p.grad = None
+    stats = pol.sequence_logprobs(role, PROMPTS, RESPONSES, temperature=0.7)
+    loss = -(stats.logprobs.sum() + 0.1 * stats.entropy.sum())
+    loss.backward()
+    return stats.logprobs.detach(), [p.grad.detach().clone() for p in pol.trainable_parameters(role)]
+
+
+def saved_bytes(pol: TeamPolicy, role: str = "listener") -> int:
+    """Bytes autograd keeps for the backward of one training forward."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        pol.sequence_logprobs(role, PROMPTS, RESPONSES)
+    return total
+
+
+def test_same_logprobs_and_gradients():
+    plain, ckpt = policy(), policy(activation_checkpointing=True)
+    lp0, g0 = logprobs_and_grads(plain)
+    lp1, g1 = logprobs_and_grads(ckpt)
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    assert len(g0) == len(g1) and any(g.abs().sum() > 0 for g in g0)
+    for a, b in zip(g0, g1, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_layers_are_recomputed_and_activations_not_kept():
+    plain, ckpt = policy(share_prefixes=False), policy(activation_checkpointing=True)
+    layers = ckpt._bases[0].ckpt_layers
+    assert len(layers) == 4 and not any(layer.training for layer in layers)
+    calls = []
+    for layer in layers:
+        layer.self_attn.register_forward_hook(lambda *a: calls.append(1))
+    _, grads = logprobs_and_grads(ckpt)
+    assert len(calls) == 2 * len(layers)  # forward + recomputation in the backward (hooks on a sublayer)
+    assert not any(layer.training for layer in layers)  # only armed inside the training forward
+    full, kept = saved_bytes(plain), saved_bytes(ckpt)
+    assert kept < full / 3, (kept, full)
+
+
+def test_no_grad_and_reference_passes_do_not_checkpoint():
+    ckpt = policy(activation_checkpointing=True)
+    calls = []
+    for layer in ckpt._bases[0].ckpt_layers:
+        layer.self_attn.register_forward_hook(lambda *a: calls.append(1))
+    with torch.no_grad():
+        ckpt.sequence_logprobs("speaker", PROMPTS, RESPONSES)
+    ckpt.sequence_logprobs("speaker", PROMPTS, RESPONSES, reference=True)
+    assert len(calls) == 2 * 4  # one plain forward each, never a recomputation
+
+
+def test_config_reaches_the_policy_and_a_step_trains():
+    from _tiny_echo import ENV_KWARGS, SAMPLING
+
+    from marft_algos.algos.grpo import GRPOTrainer
+    from marft_algos.config import GRPOConfig
+
+    cfg = GRPOConfig(env_id="echo-duo-v0", env_kwargs=ENV_KWARGS, model="tiny-random", num_envs=4, group_size=2,
+                     progress=False, tensorboard=False, sampling_overrides=SAMPLING, activation_checkpointing=True)
+    t = GRPOTrainer(cfg)
+    assert t.policy.activation_checkpointing and t.policy._bases[0].ckpt_layers
+    m = t.train_step()
+    assert m["train/step"] == 1.0 and m.get("train/nonfinite_skips", 0.0) == 0.0
