@@ -1,18 +1,18 @@
-"""Throughput: marft GRPO vs TRL GRPOTrainer side by side, team-size scaling, decode bound.
+"""Throughput: marft GRPO vs TRL GRPOTrainer side by side, team-size scaling, memory modes, decode bound.
 
     python benchmarks/throughput.py --model smollm2-135m --reps 5 --out runs/throughput
     python benchmarks/throughput.py --model tiny-random --reps 1 --gen-tokens 8 --scaling 1,2 --out /tmp/tp   # smoke
 
-Three sections, all in ONE process so that the numbers compared were taken under the
-same machine load (on a shared CPU only the ratios are meaningful):
+Four sections, all run by ONE invocation so that the numbers compared were taken under
+the same machine load (on a shared CPU only the ratios are meaningful):
 
 1. ``grpo``: one training step = one group of G samples of one arith prompt.
    TRL ``GRPOTrainer`` on a single agent (G completions of <= T tokens), marft GRPO on
    the same single agent (``arith-solo-v0``, G episodes of <= T tokens) and marft GRPO
    on a duo (``arith-duo-v0``, G episodes, each agent <= T/2 tokens: the same token
    budget per step). Same base model, LoRA (r=8, alpha=16, q/k/v/o), lr, temperature 1,
-   no KL term, one optimizer step per batch; TRL with gradient checkpointing off (marft
-   does not checkpoint activations; TRL's default would slow it). The steps interleave:
+   no KL term, one optimizer step per batch; gradient checkpointing off on both sides
+   (TRL's default is on, marft's ``activation_checkpointing`` is off). The steps interleave:
    a TRL callback runs one marft solo and one marft duo step after every TRL step, so
    each repetition sees the same load. The first (warm-up) repetition is dropped.
    Reported per repetition: step time, rollout time, generated tokens, rollout tokens/s
@@ -23,7 +23,14 @@ same machine load (on a shared CPU only the ratios are meaningful):
    per episode of the rollout (interleaved repetitions in this process) and memory
    (each team size in a fresh subprocess running one full GRPO step: peak RSS, parameter
    bytes, optimizer-state bytes).
-3. ``bandwidth``: the decode memory-bandwidth bound of the model vs measured decode
+3. ``memory`` (opt-in: ``--sections memory``): the same chains, each team size under each
+   memory mode (``--memory-modes``): ``default``; ``checkpointing``
+   (``activation_checkpointing``); ``low`` (``activation_checkpointing`` +
+   ``release_freed_memory``). Every (size, mode) runs ``--memory-steps`` GRPO steps in a
+   fresh subprocess, the modes interleaved per size; reported: peak RSS, the ratio to
+   the 1-agent team of the same mode, and the last step's time with its ratio to the
+   ``default`` mode at the same size (same seed, hence the same episodes).
+4. ``bandwidth``: the decode memory-bandwidth bound of the model vs measured decode
    tokens/s of marft's generation. Every decode step reads every weight once (tied
    embeddings counted once) and the KV cache of every row, so a step takes at least
    ``(W + KV) / BW`` seconds: W = unique parameter bytes, KV = batch x mean context x
@@ -34,7 +41,7 @@ same machine load (on a shared CPU only the ratios are meaningful):
    by subtracting a 1-token generation of the same batch.
 
 Outputs: ``throughput.md``, ``throughput.json``, ``grpo_vs_trl.csv``, ``scaling.csv``,
-``bandwidth.csv`` and ``throughput.png`` in ``--out``.
+``memory_modes.csv``, ``bandwidth.csv`` and ``throughput.png`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -65,9 +72,16 @@ from benchmarks._common import (  # noqa: E402
     write_json,
 )
 
-__all__ = ["main", "build_parser", "GRPO_COLUMNS", "SCALING_COLUMNS", "BANDWIDTH_COLUMNS"]
+__all__ = ["main", "build_parser", "GRPO_COLUMNS", "SCALING_COLUMNS", "MEMORY_COLUMNS", "MEMORY_MODES", "BANDWIDTH_COLUMNS"]
 
 GRPO_COLUMNS = ["rep", "system", "step_s", "rollout_s", "update_s", "tokens", "samples", "rollout_tok_s", "train_tok_s", "samples_s", "peak_mem_delta_mb"]
+MEMORY_COLUMNS = ["agents", "mode", "rss_peak_mb", "rss_vs_solo", "step_s", "step_vs_default", "tokens_per_episode"]
+#: TrainConfig settings of each memory mode
+MEMORY_MODES: dict[str, dict[str, bool]] = {
+    "default": {},
+    "checkpointing": {"activation_checkpointing": True},
+    "low": {"activation_checkpointing": True, "release_freed_memory": True},
+}
 SCALING_COLUMNS = ["agents", "episode_s_median", "episode_s_min", "episode_s_max", "tokens_per_episode", "rss_peak_mb", "param_mb", "adapter_mb", "optimizer_state_mb", "rss_vs_solo"]
 BANDWIDTH_COLUMNS = ["batch", "decode_steps", "tokens", "decode_s", "measured_tok_s", "bound_tok_s", "fraction_of_bound", "kv_mb_per_step"]
 
@@ -331,21 +345,42 @@ def run_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def _memory_probe_subprocess(args: argparse.Namespace, n: int) -> dict[str, float]:
+def _memory_probe_subprocess(args: argparse.Namespace, n: int, mode: str = "default", steps: int = 1) -> dict[str, float]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", str(n), "--model", args.model,
-           "--scaling-episodes", str(args.scaling_episodes), "--scaling-tokens", str(args.scaling_tokens), "--seed", str(args.seed)]
-    if args.activation_checkpointing:
-        cmd.append("--activation-checkpointing")
+           "--scaling-episodes", str(args.scaling_episodes), "--scaling-tokens", str(args.scaling_tokens), "--seed", str(args.seed),
+           "--probe-mode", mode, "--probe-steps", str(steps)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("MEMPROBE ")]
     if out.returncode != 0 or not lines:
         print(f"[throughput] memory probe for {n} agents failed:\n{out.stderr[-2000:]}", flush=True)
-        return {"rss_peak_mb": float("nan"), "param_mb": float("nan"), "adapter_mb": float("nan"), "optimizer_state_mb": float("nan")}
+        return {k: float("nan") for k in ("rss_peak_mb", "param_mb", "adapter_mb", "optimizer_state_mb", "step_s", "tokens_per_episode")}
     return json.loads(lines[-1][len("MEMPROBE "):])
 
 
-def memory_probe(args: argparse.Namespace, n: int) -> dict[str, float]:
-    """One full GRPO step of an n-agent chain in THIS (fresh) process; peak RSS after."""
+def run_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Peak RSS and step time per (team size, memory mode), each in a fresh subprocess."""
+    sizes = [int(s) for s in args.scaling.split(",") if s.strip()]
+    modes = [m.strip() for m in args.memory_modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MEMORY_MODES))
+    if unknown:
+        raise SystemExit(f"unknown memory modes {unknown}; choose from {sorted(MEMORY_MODES)}")
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        for mode in modes:
+            probe = _memory_probe_subprocess(args, n, mode, steps=args.memory_steps)
+            rows.append({"agents": n, "mode": mode, **probe})
+            print(f"[throughput] memory: {n} agents, {mode}: {probe['rss_peak_mb']:.0f} MB, step {probe['step_s']:.1f} s", flush=True)
+    for r in rows:
+        solo = next((x for x in rows if x["agents"] == sizes[0] and x["mode"] == r["mode"]), r)
+        ref = next((x for x in rows if x["agents"] == r["agents"] and x["mode"] == "default"), None)
+        r["rss_vs_solo"] = r["rss_peak_mb"] / solo["rss_peak_mb"]
+        r["step_vs_default"] = r["step_s"] / ref["step_s"] if ref else float("nan")
+    return rows
+
+
+def memory_probe(args: argparse.Namespace, n: int, mode: str = "default", steps: int = 1) -> dict[str, float]:
+    """``steps`` full GRPO steps of an n-agent chain in THIS (fresh) process under memory
+    ``mode`` (see :data:`MEMORY_MODES`); peak RSS after, and the last step's time."""
     from marft_algos.algos.grpo import GRPOTrainer
     from marft_algos.config import GRPOConfig
 
@@ -362,10 +397,11 @@ def memory_probe(args: argparse.Namespace, n: int) -> dict[str, float]:
         plot=False,
         tensorboard=False,
         transcript_every=0,
-        activation_checkpointing=args.activation_checkpointing,
+        **MEMORY_MODES[mode],
     )
     trainer = GRPOTrainer(config)
-    trainer.train_step()
+    for _ in range(steps):
+        last = trainer.train_step()
     pb = trainer.policy.parameter_bytes()
     opt_bytes = 0
     seen: set[int] = set()
@@ -379,7 +415,8 @@ def memory_probe(args: argparse.Namespace, n: int) -> dict[str, float]:
         peak = torch.cuda.max_memory_allocated()
     else:
         peak = max_rss_bytes()
-    return {"rss_peak_mb": peak / _MB, "param_mb": pb["total"] / _MB, "adapter_mb": pb["adapters"] / _MB, "optimizer_state_mb": opt_bytes / _MB}
+    return {"rss_peak_mb": peak / _MB, "param_mb": pb["total"] / _MB, "adapter_mb": pb["adapters"] / _MB, "optimizer_state_mb": opt_bytes / _MB,
+            "step_s": float(last["perf/step_s"]), "tokens_per_episode": float(last.get("team/tokens_per_episode", float("nan")))}
 
 
 # --------------------------------------------------------------------------------------
@@ -540,9 +577,14 @@ def write_report(out: Path, args: argparse.Namespace, res: dict[str, Any]) -> st
     if res.get("scaling"):
         parts.append(
             f"## Team-size scaling (chains on one base, {args.scaling_episodes} episodes x <= {args.scaling_tokens} tokens per agent; "
-            f"time: median/min/max of {args.scaling_reps} interleaved repetitions; memory: one GRPO step in a fresh process"
-            + (", activation checkpointing on" if args.activation_checkpointing else "") + ")\n\n"
+            f"time: median/min/max of {args.scaling_reps} interleaved repetitions; memory: one GRPO step in a fresh process)\n\n"
             + markdown_table(res["scaling"], SCALING_COLUMNS, digits=3)
+        )
+    if res.get("memory"):
+        parts.append(
+            f"## Memory modes (chains on one base, {args.scaling_episodes} episodes x <= {args.scaling_tokens} tokens per agent; "
+            f"{args.memory_steps} GRPO steps per fresh process; step time of the last step)\n\n"
+            + markdown_table(res["memory"], MEMORY_COLUMNS, digits=3)
         )
     if res.get("bandwidth"):
         info = res["bandwidth_info"]
@@ -564,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Options of ``benchmarks/throughput.py``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--sections", default="grpo,scaling,bandwidth", help="comma list of grpo, scaling, bandwidth")
+    p.add_argument("--sections", default="grpo,scaling,bandwidth", help="comma list of grpo, scaling, memory, bandwidth")
     p.add_argument("--reps", type=int, default=5, help="measured GRPO repetitions (after one warm-up)")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--gen-tokens", type=int, default=64, help="max generated tokens per sample (the duo splits it between its agents)")
@@ -573,8 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scaling-episodes", type=int, default=8)
     p.add_argument("--scaling-tokens", type=int, default=32)
     p.add_argument("--scaling-reps", type=int, default=3)
-    p.add_argument("--activation-checkpointing", action="store_true",
-                   help="memory probes train with activation checkpointing (TrainConfig.activation_checkpointing)")
+    p.add_argument("--memory-modes", default="default,checkpointing,low", help=f"memory section: comma list of {', '.join(MEMORY_MODES)}")
+    p.add_argument("--memory-steps", type=int, default=2, help="memory section: GRPO steps per probe process")
     p.add_argument("--bandwidth-mb", type=int, default=512, help="buffer for the bandwidth probe (far above the caches)")
     p.add_argument("--decode-batches", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--decode-tokens", type=int, default=64)
@@ -582,6 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/throughput")
     p.add_argument("--memory-probe", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--probe-mode", default="default", choices=sorted(MEMORY_MODES), help=argparse.SUPPRESS)
+    p.add_argument("--probe-steps", type=int, default=1, help=argparse.SUPPRESS)
     return p
 
 
@@ -589,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the selected sections and write the report; exit status 0."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.memory_probe is not None:
-        print("MEMPROBE " + json.dumps(memory_probe(args, args.memory_probe)), flush=True)
+        print("MEMPROBE " + json.dumps(memory_probe(args, args.memory_probe, args.probe_mode, args.probe_steps)), flush=True)
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -603,6 +647,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "scaling" in sections:
         res["scaling"] = run_scaling(args)
         write_csv(out / "scaling.csv", res["scaling"], SCALING_COLUMNS)
+    if "memory" in sections:
+        res["memory"] = run_memory(args)
+        write_csv(out / "memory_modes.csv", res["memory"], MEMORY_COLUMNS)
     if "bandwidth" in sections:
         res["bandwidth"], res["bandwidth_info"] = run_bandwidth(args)
         write_csv(out / "bandwidth.csv", res["bandwidth"], BANDWIDTH_COLUMNS)

@@ -60,6 +60,7 @@ class TrainConfig:
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu', 'cuda', 'cuda:1', ..."})
     dtype: str | None = field(default=None, metadata={"help": "Compute dtype: None (fp32 on CPU, bf16 autocast on GPU), 'bf16', 'fp16' or 'fp32'. Parameters stay fp32 (master weights); fp16 adds dynamic loss scaling (init_loss_scale)."})
     activation_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward pass instead of storing its activations: a training step's memory stops growing with tokens x layers (about one more forward of cost; training forwards then skip prefix sharing)."})
+    release_freed_memory: bool = field(default=False, metadata={"help": "CPU/glibc: pin malloc's mmap and trim thresholds at 128 KiB so memory freed between the phases of a step goes back to the OS (lower peak RSS, slower steps; process-wide; see marft_algos.memory)."})
     max_context: int = field(default=2048, metadata={"help": "Max prompt+response tokens; longer prompts are counted (rollout/overlong) and not trained on."})
     sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {temperature, top_p, max_new_tokens, stop}} over the profile's train sampling."})
     eval_sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {...}} over the profile's eval sampling."})

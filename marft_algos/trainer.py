@@ -33,6 +33,7 @@ algorithm module that calls ``register_algorithm`` at import time is found by na
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import random
 import time
@@ -237,6 +238,11 @@ class Trainer(ABC):
         if not isinstance(config, self.config_cls):
             raise TypeError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}")
         self.config = config
+        if config.release_freed_memory:
+            from marft_algos.memory import pin_malloc_thresholds
+
+            if not pin_malloc_thresholds():
+                logging.getLogger("marft").warning("release_freed_memory: this C library has no mallopt; setting ignored")
         seed_everything(config.seed)
         self.env_fn = env_fn or self.default_env_fn(config)
         self.collector = self.build_collector(self.env_fn)
@@ -596,8 +602,6 @@ class Trainer(ABC):
             opt.zero_grad(set_to_none=True)
         self.counters["train/nonfinite_skips"] += 1
         self.counters[f"agent/{agent}/nonfinite_skips"] += 1
-        import logging
-
         logging.getLogger("marft").warning(
             "step %d, agent %s: non-finite %s, optimizer step skipped (total skips: %d)",
             self.global_step, agent, where, int(self.counters["train/nonfinite_skips"]),

@@ -219,6 +219,19 @@ def test_throughput_bandwidth_section(tmp_path: Path) -> None:
     assert info["kv_dtype"] == "float32" and info["kv_bytes_per_token"] % 4 == 0  # the tiny model's own dtype
 
 
+def test_throughput_memory_modes_section(tmp_path: Path) -> None:
+    tp = _load("throughput")
+    out = tmp_path / "tp"
+    assert tp.main(["--model", "tiny-random", "--sections", "memory", "--scaling", "1,2", "--scaling-episodes", "2",
+                    "--scaling-tokens", "2", "--memory-modes", "default,low", "--memory-steps", "1", "--out", str(out)]) == 0
+    cols, rows = _csv(out / "memory_modes.csv")
+    assert cols == tp.MEMORY_COLUMNS
+    assert [(r["agents"], r["mode"]) for r in rows] == [("1", "default"), ("1", "low"), ("2", "default"), ("2", "low")]
+    assert all(float(r["rss_peak_mb"]) > 0 and float(r["step_s"]) > 0 for r in rows)
+    assert all(float(r["step_vs_default"]) == 1.0 for r in rows if r["mode"] == "default")
+    assert float(rows[0]["rss_vs_solo"]) == 1.0 and "Memory modes" in (out / "throughput.md").read_text()
+
+
 def test_algo_steps_interleaved(tmp_path: Path) -> None:
     ast_ = _load("algo_steps")
     out = tmp_path / "as"
