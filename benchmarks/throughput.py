@@ -299,6 +299,10 @@ def chain_profiles(n: int) -> list[dict[str, Any]]:
     ]
 
 
+def _team_sizes(args: argparse.Namespace) -> list[int]:
+    return [int(s) for s in args.scaling.split(",") if s.strip()]
+
+
 def run_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Rollout time per episode for chains of several sizes on one base (one process),
     and memory of one full GRPO step per size (a fresh subprocess each)."""
@@ -306,7 +310,7 @@ def run_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     from marft_algos.models import TeamPolicy
     from marft_algos.rollout import RolloutCollector
 
-    sizes = [int(s) for s in args.scaling.split(",") if s.strip()]
+    sizes = _team_sizes(args)
     print(f"[throughput] scaling: team sizes {sizes}, {args.scaling_episodes} episodes x {args.scaling_tokens} tokens per agent", flush=True)
     policy = TeamPolicy([f"agent_{i}" for i in range(max(sizes))], base=args.model, mode="lora")
     collectors = {}
@@ -359,7 +363,7 @@ def _memory_probe_subprocess(args: argparse.Namespace, n: int, mode: str = "defa
 
 def run_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Peak RSS and step time per (team size, memory mode), each in a fresh subprocess."""
-    sizes = [int(s) for s in args.scaling.split(",") if s.strip()]
+    sizes = _team_sizes(args)
     modes = [m.strip() for m in args.memory_modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MEMORY_MODES))
     if unknown:

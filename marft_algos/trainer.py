@@ -589,19 +589,20 @@ class Trainer(ABC):
             return None
         return torch.amp.GradScaler(self.device.type, init_scale=float(self.config.init_loss_scale))
 
+    def _skip(self, agent: str, counter: str, opts: dict[str, torch.optim.Optimizer]) -> None:
+        """Drop this step's gradients and count the skip as ``train/<counter>`` and ``agent/<a>/<counter>``."""
+        for opt in opts.values():
+            opt.zero_grad(set_to_none=True)
+        self.counters[f"train/{counter}"] += 1
+        self.counters[f"agent/{agent}/{counter}"] += 1
+
     def _skip_overflow(self, agent: str, opts: dict[str, torch.optim.Optimizer]) -> None:
         assert self.scaler is not None
-        for opt in opts.values():
-            opt.zero_grad(set_to_none=True)
+        self._skip(agent, "amp_overflow_skips", opts)
         self.scaler.update()  # sees the inf found by unscale_ and lowers the scale
-        self.counters["train/amp_overflow_skips"] += 1
-        self.counters[f"agent/{agent}/amp_overflow_skips"] += 1
 
     def _skip_nonfinite(self, agent: str, where: str, opts: dict[str, torch.optim.Optimizer]) -> None:
-        for opt in opts.values():
-            opt.zero_grad(set_to_none=True)
-        self.counters["train/nonfinite_skips"] += 1
-        self.counters[f"agent/{agent}/nonfinite_skips"] += 1
+        self._skip(agent, "nonfinite_skips", opts)
         logging.getLogger("marft").warning(
             "step %d, agent %s: non-finite %s, optimizer step skipped (total skips: %d)",
             self.global_step, agent, where, int(self.counters["train/nonfinite_skips"]),

@@ -153,6 +153,35 @@ def _eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _tuner_state(tuners: Sequence[Any]) -> list[tuple[Any, bool]]:
+    """Which adapters each peft tuner layer runs: ``(active adapters, disabled)`` per layer."""
+    return [(t._active_adapter, t._disable_adapters) for t in tuners]
+
+
+def _set_tuner_state(tuners: Sequence[Any], state: Sequence[tuple[Any, bool]]) -> None:
+    for t, (active, disabled) in zip(tuners, state, strict=True):
+        t._active_adapter, t._disable_adapters = active, disabled
+
+
+def _checkpoint_with_adapters(tuners: Sequence[Any], fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Checkpoint one decoder layer (non-reentrant) whose recomputation, run later in the
+    backward pass, re-activates the adapters its forward ran with (``tuners``: the layer's
+    peft tuner layers)."""
+    from torch.utils.checkpoint import checkpoint
+
+    state = _tuner_state(tuners)
+
+    def replay(*a: Any, **k: Any) -> Any:
+        now = _tuner_state(tuners)
+        _set_tuner_state(tuners, state)
+        try:
+            return fn(*a, **k)
+        finally:
+            _set_tuner_state(tuners, now)
+
+    return checkpoint(replay, *args, use_reentrant=False, **kwargs)
+
+
 class TeamPolicy:
     """The team's policies: per-role adapters on shared base model(s).
 
@@ -307,7 +336,6 @@ class TeamPolicy:
         active in its forward.
         """
         from peft.tuners.tuners_utils import BaseTunerLayer
-        from torch.utils.checkpoint import checkpoint
         from transformers.modeling_layers import GradientCheckpointingLayer
 
         layers = [m for m in b.model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -318,24 +346,8 @@ class TeamPolicy:
             )
         for layer in layers:
             tuners = [m for m in layer.modules() if isinstance(m, BaseTunerLayer)]
-
-            def run_checkpointed(fn: Any, *args: Any, _tuners: list[Any] = tuners, **kwargs: Any) -> Any:
-                state = [(t._active_adapter, t._disable_adapters) for t in _tuners]
-
-                def replay(*a: Any, **k: Any) -> Any:
-                    now = [(t._active_adapter, t._disable_adapters) for t in _tuners]
-                    for t, (active, disabled) in zip(_tuners, state, strict=True):
-                        t._active_adapter, t._disable_adapters = active, disabled
-                    try:
-                        return fn(*a, **k)
-                    finally:
-                        for t, (active, disabled) in zip(_tuners, now, strict=True):
-                            t._active_adapter, t._disable_adapters = active, disabled
-
-                return checkpoint(replay, *args, use_reentrant=False, **kwargs)
-
             layer.gradient_checkpointing = True
-            layer._gradient_checkpointing_func = run_checkpointed
+            layer._gradient_checkpointing_func = functools.partial(_checkpoint_with_adapters, tuners)
         return layers
 
     @contextlib.contextmanager
@@ -452,7 +464,7 @@ class TeamPolicy:
     @contextlib.contextmanager
     def _adapter(self, b: _Base, adapter: str | None, *, disabled: bool = False) -> Iterator[None]:
         """Activate one adapter (or none) for plain forwards; restores the previous state."""
-        saved = [(layer._active_adapter, layer._disable_adapters) for layer in b.tuner_layers]
+        saved = _tuner_state(b.tuner_layers)
         try:
             for layer in b.tuner_layers:
                 if disabled or adapter is None:
@@ -462,9 +474,7 @@ class TeamPolicy:
                     layer._disable_adapters = False
             yield
         finally:
-            for layer, (active, dis) in zip(b.tuner_layers, saved, strict=True):
-                layer._active_adapter = active
-                layer._disable_adapters = dis
+            _set_tuner_state(b.tuner_layers, saved)
 
     @contextlib.contextmanager
     def _merged(self, b: _Base, adapter: str) -> Iterator[bool]:
