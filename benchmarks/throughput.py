@@ -368,6 +368,8 @@ def run_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
     unknown = sorted(set(modes) - set(MEMORY_MODES))
     if unknown:
         raise SystemExit(f"unknown memory modes {unknown}; choose from {sorted(MEMORY_MODES)}")
+    if args.memory_steps < 1:
+        raise SystemExit(f"--memory-steps must be at least 1 (the probe reports the last step), got {args.memory_steps}")
     rows: list[dict[str, Any]] = []
     for n in sizes:
         for mode in modes:

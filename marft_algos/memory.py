@@ -32,20 +32,22 @@ log = logging.getLogger("marft")
 def pin_malloc_thresholds(threshold: int = DEFAULT_MALLOC_THRESHOLD) -> bool:
     """Fix glibc's mmap and trim thresholds at ``threshold`` bytes for this process.
 
-    Returns True when applied, False where the C library has no ``mallopt`` (not glibc, not
-    Linux); never raises for that. Setting the thresholds explicitly also switches off
-    glibc's dynamic threshold, which is the point. It is process-wide and cannot be
+    Returns True when applied, False (with a warning saying why) where the C library has no
+    ``mallopt`` (not glibc, not Linux) or refuses the value; never raises for that. Setting
+    the thresholds explicitly also switches off glibc's dynamic threshold, which is the point. It is process-wide and cannot be
     undone short of calling it again with other values, so it is opt-in
     (``TrainConfig.release_freed_memory``) and tested in a subprocess.
     """
     if threshold <= 0:
         raise ValueError(f"threshold must be a positive number of bytes, got {threshold}")
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = None
+    if sys.platform.startswith("linux"):
+        try:
+            mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        except (OSError, AttributeError):
+            pass
+    if mallopt is None:
+        log.warning("release_freed_memory: this C library has no mallopt; setting ignored")
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int

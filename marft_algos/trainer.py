@@ -241,8 +241,7 @@ class Trainer(ABC):
         if config.release_freed_memory:
             from marft_algos.memory import pin_malloc_thresholds
 
-            if not pin_malloc_thresholds():
-                logging.getLogger("marft").warning("release_freed_memory: this C library has no mallopt; setting ignored")
+            pin_malloc_thresholds()  # logs why when it cannot apply
         seed_everything(config.seed)
         self.env_fn = env_fn or self.default_env_fn(config)
         self.collector = self.build_collector(self.env_fn)
