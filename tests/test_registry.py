@@ -162,3 +162,33 @@ def test_import_registers_without_loading_data():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_builtin_table_holds_every_builtin_id_once():
+    import marft_envs.code_envs
+    import marft_envs.envs as envs
+
+    ids = envs.BUILTIN_ENV_IDS
+    assert len(ids) == len(set(ids)) and BUILTIN | set(envs.CODE_ENV_IDS) == set(ids)
+    assert marft_envs.code_envs.make_code_env is envs.make_code_env  # the old module re-exports
+
+
+def test_builtin_id_defined_twice_is_an_error():
+    import marft_envs.envs as envs
+
+    before = dict(envs._BUILTIN)
+    with pytest.raises(marft_envs.Error, match="'code-duo-v0' is defined twice"):
+        envs.builtin("code-duo-v0", "marft_envs.envs:make_code_env", kwargs={}, description="again")
+    assert envs._BUILTIN == before  # nothing replaced, nothing skipped silently
+
+
+def test_register_builtin_envs_again_is_silent_and_restores_overrides(scratch_ids, recwarn):
+    import marft_envs.envs as envs
+
+    envs.register_builtin_envs()
+    assert not [w for w in recwarn if "overriding" in str(w.message)]
+    with pytest.warns(UserWarning, match="overriding"):
+        marft_envs.register("echo-duo-v0", "marft_envs.text_env:env", kwargs={"task": "arith"})
+    with pytest.warns(UserWarning, match="overriding"):
+        envs.register_builtin_envs()
+    assert marft_envs.spec("echo-duo-v0").kwargs == {"task": "echo", "profiles": "echo"}
