@@ -26,7 +26,7 @@ from marft_envs.registration import (
 )
 from marft_envs.rewards import RewardConfig
 from marft_envs.spaces import UnicodeText
-from marft_envs.tasks.base import GradeResult, Problem, Task
+from marft_envs.tasks.base import DatasetTask, GradeResult, Problem, Task
 from marft_envs.text_env import TextTeamEnv
 from marft_envs.topology import DAG, Chain, Independent, Routed, Topology, TopologyError
 
@@ -36,6 +36,7 @@ __all__ = [
     "AgentProfile",
     "Chain",
     "DAG",
+    "DatasetTask",
     "EnvSpec",
     "Error",
     "GradeResult",

@@ -213,3 +213,56 @@ def test_tasks_pickle_small_and_construct_cheaply(data_dir: Path) -> None:
 def test_tasks_read_env_var(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(D.DATA_DIR_ENV, str(data_dir))
     assert len(GSM8KTask("test")) == 1319 and len(MathTask("test500")) == 500
+
+
+# ---------------------------------------------------------------- malformed files
+def _write(root: Path, name: str, split: str, data: bytes) -> Path:
+    (root / name).mkdir(exist_ok=True)
+    path = root / name / f"{split}.jsonl"
+    path.write_bytes(data)
+    return path
+
+
+GOOD_GSM8K = b'{"question": "1+1?", "answer": "2\\n#### 2"}\n'
+
+
+@pytest.mark.parametrize(("data", "where", "advice"), [
+    (b"", "test.jsonl: the file has no rows", "one JSON object per line"),
+    (b"\n  \n", "test.jsonl: the file has no rows", "'answer', 'question'"),
+    (GOOD_GSM8K + b'{"question": "caf\xe9", "answer": "#### 1"}\n', "test.jsonl:2: not UTF-8",
+     "re-save the file as UTF-8"),
+    (GOOD_GSM8K + b"[1, 2]\n", "test.jsonl:2: a JSON list, not an object", "one JSON object per line"),
+    (GOOD_GSM8K * 2 + b'{"question": "q"}\n', "test.jsonl:3: missing field(s) ['answer']",
+     "every gsm8k row needs ['answer', 'question']"),
+    (b'{"question": 7, "answer": "#### 7"}\n', "test.jsonl:1: field 'question' is a int", "str"),
+    (GOOD_GSM8K + b'{"question": "q", "answer": "it is 42"}\n',
+     "test.jsonl:2: the GSM8K answer has no final '#### <number>'", "end the worked solution"),
+    (b'{"question": "q", "answer": "42 ####  "}\n', "test.jsonl:1: the GSM8K answer", "remove the row"),
+])
+def test_bad_gsm8k_files_name_file_and_line(tmp_path: Path, data: bytes, where: str, advice: str) -> None:
+    path = _write(tmp_path, "gsm8k", "test", data)
+    with pytest.raises(D.DataFormatError) as err:
+        D.load_split("gsm8k", "test", data_dir=tmp_path)
+    assert where in str(err.value) and advice in str(err.value) and str(path.parent) in str(err.value)
+
+
+def test_bad_math_and_mbpp_files_name_file_and_line(tmp_path: Path) -> None:
+    _write(tmp_path, "math", "test", b'{"problem": "p", "solution": "\\\\boxed{1}"}\n{"problem": "p"}\n')
+    with pytest.raises(D.DataFormatError, match=r"math/test.jsonl:2: missing field\(s\) \['solution'\]"):
+        D.load_split("math", "test", data_dir=tmp_path)
+    _write(tmp_path, "mbpp", "test", b'{"text": "t", "code": "c", "test_list": "assert f()"}\n')
+    with pytest.raises(D.DataFormatError, match=r"mbpp/test.jsonl:1: field 'test_list' is a str, not a list"):
+        D.load_mbpp("test", data_dir=tmp_path)
+
+
+def test_dataset_task_shares_rows_pickling_and_bounds(tmp_path: Path) -> None:
+    _write(tmp_path, "gsm8k", "test", GOOD_GSM8K * 3)
+    task = GSM8KTask("test", data_dir=tmp_path)
+    assert len(task) == 3 and task.get(2).answer == "2"
+    state = task.__getstate__()
+    assert state["_rows"] is None and task._rows is not None  # the pickle holds no rows
+    clone = pickle.loads(pickle.dumps(task))
+    assert clone._rows is None and clone.get(1) == task.get(1) and clone.rows is task.rows
+    for bad in (-1, 3):
+        with pytest.raises(IndexError, match=r"problem index .* out of range \[0, 3\)"):
+            task.get(bad)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 
-from marft_envs.tasks.base import GradeResult, Problem, Task
+from marft_envs.tasks.base import DatasetTask, GradeResult, Problem, Task
 
-__all__ = ["TASKS", "GradeResult", "Problem", "Task", "resolve_task_class"]
+__all__ = ["TASKS", "DatasetTask", "GradeResult", "Problem", "Task", "resolve_task_class"]
 
 TASKS: dict[str, str] = {
     "arith": "marft_envs.tasks.arith:ArithTask",

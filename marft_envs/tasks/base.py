@@ -76,3 +76,56 @@ class Task(ABC):
     @abstractmethod
     def grade(self, response: str, problem: Problem) -> GradeResult:
         """Grade ``response`` against ``problem``. Never raises, never hangs."""
+
+
+class DatasetTask(Task):
+    """A task over the rows of a data set (GSM8K, MATH, HumanEval, MBPP).
+
+    Subclasses implement :meth:`load_rows` (from the per-process cache of
+    :mod:`marft_envs.data`) and ``get``/``grade``. The rows are loaded on first use and
+    never pickled: a pickled task holds only its settings and reloads the rows (a cache
+    hit) in the process that unpickles it. Attributes named in ``_transient`` are
+    derived from the rows and dropped from pickles as well.
+    """
+
+    split: str = ""
+    data_dir: str | None = None
+    _rows: list[dict[str, Any]] | None = None
+    #: Attributes recomputed after unpickling (set to None in the pickled state).
+    _transient: tuple[str, ...] = ("_rows",)
+
+    def _set_source(self, split: str, data_dir: Any) -> None:
+        """Record ``split`` and ``data_dir`` (a path is kept as a string: pickles stay small)."""
+        self.split = split
+        self.data_dir = None if data_dir is None else str(data_dir)
+        self._rows = None
+
+    @abstractmethod
+    def load_rows(self) -> list[dict[str, Any]]:
+        """The split's rows (shared through the loader's cache: treat them read-only)."""
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The split's rows, loaded on first use."""
+        if self._rows is None:
+            self._rows = self.load_rows()
+        return self._rows
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in self._transient:
+            state[name] = None  # never pickle the data set; reload from the cache
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _checked_index(self, index: int) -> int:
+        """``index`` as an int, or an IndexError naming the valid range."""
+        index = int(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"problem index {index} out of range [0, {len(self)})")
+        return index

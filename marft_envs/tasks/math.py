@@ -27,7 +27,7 @@ from typing import Any
 from ..data import load_split
 from ..verifiers import extract_boxed, grade_math_result
 from ..verifiers.graders import DEFAULT_TIMEOUT
-from .base import GradeResult, Problem, Task
+from .base import DatasetTask, GradeResult, Problem
 
 __all__ = ["MathTask"]
 
@@ -54,8 +54,10 @@ def _level(value: Any) -> int | None:
     return int(m.group(0)) if m else None
 
 
-class MathTask(Task):
+class MathTask(DatasetTask):
     """MATH problems; ``Problem.answer`` is the gold final answer (LaTeX)."""
+
+    _transient = ("_rows", "_index")
 
     name = "math"
     instructions = "Solve the problem step by step. Put your final answer within \\boxed{}."
@@ -71,24 +73,19 @@ class MathTask(Task):
     ) -> None:
         if split not in _SPLITS:
             raise ValueError(f"MATH split must be one of {_SPLITS}, not {split!r}")
-        self.split = split
-        self.data_dir = None if data_dir is None else str(data_dir)
+        self._set_source(split, data_dir)
         self.levels = None if levels is None else tuple(sorted({int(v) for v in levels}))
         self.subjects = (
             None if subjects is None else tuple(sorted({_subject_key(s) for s in subjects}))
         )
         self.timeout = float(timeout)
-        self._rows: list[dict[str, Any]] | None = None
         self._index: list[int] | None = None
         if not len(self):
             raise ValueError(f"no MATH {split} problems match levels={levels} subjects={subjects}")
 
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        """The split's rows, loaded on first use (constructing the task loads nothing)."""
-        if self._rows is None:
-            self._rows = load_split("math", self.split, self.data_dir)
-        return self._rows
+    def load_rows(self) -> list[dict[str, Any]]:
+        """The split's rows from :func:`marft_envs.data.load_split` (unfiltered)."""
+        return load_split("math", self.split, self.data_dir)
 
     @property
     def index(self) -> list[int]:
@@ -114,20 +111,12 @@ class MathTask(Task):
             _INDEX_CACHE[key] = (self.rows, keep)
         return self._index
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_rows"] = None  # never pickle the data set; reload from the cache
-        state["_index"] = None
-        return state
-
     def __len__(self) -> int:
         return len(self.index)
 
     def get(self, index: int) -> Problem:
         """Problem ``index`` of the filtered split; the answer is the boxed gold."""
-        index = int(index)
-        if not 0 <= index < len(self.index):
-            raise IndexError(f"problem index {index} out of range [0, {len(self.index)})")
+        index = self._checked_index(index)
         row_no = self.index[index]
         row = self.rows[row_no]
         solution = row.get("solution", "")
