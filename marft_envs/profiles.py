@@ -18,18 +18,59 @@ Built-in teams (``marft_envs/profiles/*.json``): ``solo``, ``duo``, ``trio``,
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any
 
+import numpy as np
+
 from marft_envs.topology import DAG, Chain, Topology, TopologyError, topology_from_dict
 
-__all__ = ["AgentProfile", "Team", "SAMPLING_KEYS", "builtin_teams", "load_profiles"]
+__all__ = ["AgentProfile", "Team", "SAMPLING_KEYS", "builtin_teams", "check_sampling", "load_profiles"]
 
 #: Keys accepted in ``sampling`` / ``eval_sampling`` (what the trainers' SamplingParams take).
 SAMPLING_KEYS = frozenset({"temperature", "top_p", "max_new_tokens", "stop"})
+
+
+def _number(value: Any) -> bool:
+    """A real number that JSON could have written (bools are not numbers here)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_sampling(settings: Any, where: str) -> dict[str, Any]:
+    """``settings`` as a dict, or a ValueError naming ``where`` (e.g. ``"agent 'actor': field
+    'sampling'"``), the key and the valid values.
+
+    ``temperature``: a finite number >= 0; ``top_p``: a number in (0, 1];
+    ``max_new_tokens``: an integer >= 1; ``stop``: a string or a list of strings.
+    """
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"{where} must be an object of settings, got {type(settings).__name__}")
+    value = dict(settings)
+    unknown = sorted(set(value) - SAMPLING_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown sampling keys {unknown}; valid keys: {sorted(SAMPLING_KEYS)}")
+    t, p, n, stop = (value.get(k) for k in ("temperature", "top_p", "max_new_tokens", "stop"))
+    if "temperature" in value and not (_number(t) and math.isfinite(t) and t >= 0):
+        raise ValueError(f"{where}.temperature must be a number >= 0 (0 = greedy), got {t!r}")
+    if "top_p" in value and not (_number(p) and 0 < p <= 1):
+        raise ValueError(f"{where}.top_p must be a number in (0, 1], got {p!r}")
+    if "max_new_tokens" in value and not (
+        isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1
+    ):
+        raise ValueError(f"{where}.max_new_tokens must be an integer >= 1, got {n!r}")
+    if "stop" in value and not (
+        stop is None or isinstance(stop, str)
+        or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
+    ):
+        raise ValueError(f"{where}.stop must be a string or a list of strings, got {stop!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -60,20 +101,30 @@ class AgentProfile:
     def __post_init__(self) -> None:
         if not isinstance(self.role, str) or not self.role.strip():
             raise ValueError(f"a profile needs a non-empty role, got {self.role!r}")
+        agent = f"agent {self.role!r}"
         if not isinstance(self.prompt, str):
-            raise ValueError(f"profile {self.role!r}: prompt must be a string")
+            raise ValueError(f"{agent}: field 'prompt' must be a string, got {type(self.prompt).__name__}")
+        if not isinstance(self.with_answer, (bool, np.bool_)):
+            # bool("false") is True: a quoted JSON boolean would silently grade this agent.
+            raise ValueError(
+                f"{agent}: field 'with_answer' must be true or false (a JSON boolean, unquoted), "
+                f"got {self.with_answer!r}"
+            )
         object.__setattr__(self, "with_answer", bool(self.with_answer))
         if self.depends_on is not None:
-            deps = [self.depends_on] if isinstance(self.depends_on, str) else list(self.depends_on)
-            object.__setattr__(self, "depends_on", tuple(deps))
-        for name in ("sampling", "eval_sampling"):
-            value = dict(getattr(self, name) or {})
-            unknown = sorted(set(value) - SAMPLING_KEYS)
-            if unknown:
+            deps = [self.depends_on] if isinstance(self.depends_on, str) else self.depends_on
+            if not (isinstance(deps, (list, tuple)) and all(isinstance(d, str) for d in deps)):
                 raise ValueError(
-                    f"profile {self.role!r}: unknown {name} keys {unknown}; valid keys: {sorted(SAMPLING_KEYS)}"
+                    f"{agent}: field 'depends_on' must be a role name or a list of role names, "
+                    f"got {self.depends_on!r}"
                 )
-            object.__setattr__(self, name, value)
+            object.__setattr__(self, "depends_on", tuple(deps))
+        for name in ("model", "adapter"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value.strip()):
+                raise ValueError(f"{agent}: field {name!r} must be a non-empty string or null, got {value!r}")
+        for name in ("sampling", "eval_sampling"):
+            object.__setattr__(self, name, check_sampling(getattr(self, name), f"{agent}: field {name!r}"))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AgentProfile:
@@ -111,8 +162,14 @@ def load_profiles(source: str | os.PathLike | Sequence | Mapping) -> Any:
             if not res.is_file():
                 raise ValueError(f"unknown built-in team {path!r}; built-in teams: {builtin_teams()}")
             return json.loads(res.read_text(encoding="utf-8"))
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); a profile file is a "
+                             "JSON list of profiles or {\"profiles\": [...], \"topology\": {...}}") from e
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 ({e.reason} at byte {e.start}); re-save it as UTF-8") from e
     return source
 
 
@@ -181,6 +238,19 @@ class Team:
             name = os.path.basename(os.fspath(source))
             name = name[: -len(".json")] if name.endswith(".json") else name
         data = load_profiles(source)
+        if not isinstance(source, (str, os.PathLike)):
+            return cls._from_data(data, name)
+        where = os.fspath(source)
+        if not where.endswith(".json") and os.sep not in where and "/" not in where:
+            where = f"built-in team {where!r} (marft_envs/profiles/{where}.json)"
+        try:
+            return cls._from_data(data, name)
+        except (ValueError, TypeError) as e:  # name the file: the message names agent and field
+            raise type(e)(f"{where}: {e}") from e
+
+    @classmethod
+    def _from_data(cls, data: Any, name: str) -> Team:
+        """A team from parsed JSON (a profile list or ``{"profiles", "topology"}``)."""
         if isinstance(data, Mapping):
             if "profiles" not in data:
                 raise ValueError("a team object needs a 'profiles' list (and optionally 'topology')")
@@ -190,7 +260,7 @@ class Team:
             return cls.from_profiles(data["profiles"], data.get("topology"), data.get("name", name))
         if isinstance(data, Sequence) and not isinstance(data, str):
             return cls.from_profiles(list(data), None, name)
-        raise TypeError(f"cannot build a team from {type(source).__name__}")
+        raise TypeError(f"cannot build a team from {type(data).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``Team.load(team.to_dict())`` round-trips)."""

@@ -220,3 +220,51 @@ def test_profile_validation():
         Team.load("quartet")
     with pytest.raises(TopologyError, match="differ"):
         Team.from_profiles([{"role": "a", "prompt": "", "with_answer": True}], Chain(["a", "b"]))
+
+
+BAD_PROFILE_FIELDS = [
+    ({"with_answer": "false"}, "field 'with_answer' must be true or false"),
+    ({"with_answer": 1}, "field 'with_answer' must be true or false"),
+    ({"sampling": {"max_new_tokens": 0}}, "field 'sampling'.max_new_tokens must be an integer >= 1"),
+    ({"sampling": {"max_new_tokens": 12.5}}, "max_new_tokens must be an integer >= 1"),
+    ({"sampling": {"max_new_tokens": True}}, "max_new_tokens must be an integer >= 1"),
+    ({"eval_sampling": {"temperature": "0.7"}}, "field 'eval_sampling'.temperature must be a number >= 0"),
+    ({"sampling": {"temperature": -1}}, "temperature must be a number >= 0"),
+    ({"sampling": {"temperature": float("nan")}}, "temperature must be a number >= 0"),
+    ({"sampling": {"top_p": 0}}, "top_p must be a number in \\(0, 1\\]"),
+    ({"sampling": {"top_p": 1.5}}, "top_p must be a number in \\(0, 1\\]"),
+    ({"sampling": {"stop": ["ok", 3]}}, "stop must be a string or a list of strings"),
+    ({"sampling": ["temperature", 1]}, "field 'sampling' must be an object"),
+    ({"depends_on": [1]}, "field 'depends_on' must be a role name"),
+    ({"model": 3}, "field 'model' must be a non-empty string"),
+    ({"prompt": None}, "field 'prompt' must be a string"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), BAD_PROFILE_FIELDS)
+def test_profile_file_with_bad_field_names_file_agent_and_field(tmp_path, fields, message):
+    import json
+
+    profiles = [{"role": "reasoner", "prompt": "think"},
+                {"role": "actor", "prompt": "answer", "with_answer": True, **fields}]
+    path = tmp_path / "team.json"
+    path.write_text(json.dumps(profiles), encoding="utf-8")
+    with pytest.raises(ValueError, match=message) as err:
+        Team.load(str(path))
+    assert str(err.value).startswith(f"{path}: agent 'actor': ")
+
+
+def test_good_sampling_values_are_kept():
+    p = AgentProfile("a", "", sampling={"temperature": 0, "top_p": 1, "max_new_tokens": 1, "stop": "\n"},
+                     eval_sampling={"stop": ["a", "b"], "temperature": 0.5})
+    assert p.sampling["max_new_tokens"] == 1 and p.eval_sampling["stop"] == ["a", "b"]
+
+
+def test_profile_file_that_is_not_json_names_file_and_line(tmp_path):
+    path = tmp_path / "team.json"
+    path.write_text('[\n  {"role": "a", "prompt": ""},\n  oops\n]', encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{path}:3: not valid JSON"):
+        Team.load(str(path))
+    path.write_bytes(b'[{"role": "a", "prompt": "caf\xe9"}]')
+    with pytest.raises(ValueError, match=rf"{path}: not UTF-8"):
+        Team.load(str(path))
