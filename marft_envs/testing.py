@@ -29,7 +29,14 @@ from gymnasium.utils.env_checker import data_equivalence
 
 from marft_envs.spaces import UnicodeText
 
-__all__ = ["check_env", "BAD_ACTIONS", "GRADED_INFO_KEYS", "random_episode"]
+__all__ = [
+    "BAD_ACTIONS",
+    "GRADED_INFO_KEYS",
+    "EnvContractError",
+    "check_env",
+    "check_step_output",
+    "random_episode",
+]
 
 #: Keys every agent's info has after a graded turn (docs/design/contracts.md).
 GRADED_INFO_KEYS = frozenset({"team_reward", "reward_components", "attribution", "grade", "flags", "turn"})
@@ -52,6 +59,84 @@ BAD_ACTIONS: tuple[Any, ...] = (
     "\\boxed{\\boxed{\\boxed{1}}}}}}} \\sqrt{-1}^{10^{10^{10}}} 9" * 50,
     "ROUTE: " * 3000,
 )
+
+
+
+class EnvContractError(ValueError):
+    """An env's step output breaks the AEC reward/info contract (names the env class)."""
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_step_output(
+    env: Any,
+    agent: str | None = None,
+    *,
+    previous_cumulative: dict[str, float] | None = None,
+) -> None:
+    """Check what any AEC env reports right after ``env.step``; raise :class:`EnvContractError`.
+
+    For a collector to call after every step of an env it did not write, so that a broken
+    third-party env fails loudly instead of training on zeros or NaN:
+
+    * ``env.rewards`` is a dict of finite real numbers (not bools) with an entry for every
+      live agent, and every agent in it is also in ``env._cumulative_rewards`` (finite);
+    * ``env.infos`` holds a dict for every live agent;
+    * given ``previous_cumulative`` (a copy of ``env._cumulative_rewards`` taken just before
+      the step) and ``agent`` (the agent that stepped), each nonzero reward is accumulated:
+      ``_cumulative_rewards[a]`` is ``rewards[a]`` plus ``a``'s previous value (or plus 0 for
+      ``agent``, whose total PettingZoo resets when it acts). A reward left only in
+      ``env.rewards`` (``_accumulate_rewards()`` never called) would reach ``last()`` as 0.
+
+    Example::
+
+        before = dict(env._cumulative_rewards)
+        env.step(action)
+        check_step_output(env, agent, previous_cumulative=before)
+    """
+    name = type(getattr(env, "unwrapped", env)).__name__
+    where = f"{name}" + (f" after {agent!r} stepped" if agent is not None else "")
+
+    def fail(msg: str) -> None:
+        raise EnvContractError(f"{where}: {msg}")
+
+    rewards = getattr(env, "rewards", None)
+    if not isinstance(rewards, dict):
+        fail(f"env.rewards must be a dict of agent -> float, got {type(rewards).__name__}")
+    cumulative = getattr(env, "_cumulative_rewards", None)
+    if not isinstance(cumulative, dict):
+        fail("env._cumulative_rewards is missing: call self._accumulate_rewards() in step() "
+             "(PettingZoo's AECEnv keeps it; last() reads rewards from it)")
+    infos = getattr(env, "infos", None)
+    live = list(getattr(env, "agents", []) or [])
+    for a in live:
+        if a not in rewards:
+            fail(f"live agent {a!r} has no entry in env.rewards")
+        if not isinstance(infos, dict) or not isinstance(infos.get(a), dict):
+            fail(f"live agent {a!r} has no info dict in env.infos")
+    for a, r in rewards.items():
+        if not _is_real(r):
+            fail(f"env.rewards[{a!r}] = {r!r} ({type(r).__name__}) is not a real number")
+        if not math.isfinite(float(r)):
+            fail(f"env.rewards[{a!r}] = {r!r} is not finite; an update on it would be skipped or "
+                 "poison the weights")
+        if a not in cumulative:
+            fail(f"env.rewards has {a!r}, env._cumulative_rewards has not: the reward never "
+                 "reaches last(); call self._accumulate_rewards() in step()")
+        c = cumulative[a]
+        if not (_is_real(c) and math.isfinite(float(c))):
+            fail(f"env._cumulative_rewards[{a!r}] = {c!r} is not a finite real number")
+        if previous_cumulative is not None and float(r) != 0.0:
+            base = float(previous_cumulative.get(a, 0.0))
+            expected = {float(r) + base} | ({float(r)} if a == agent else set())
+            if not any(math.isclose(float(c), e, rel_tol=1e-9, abs_tol=1e-9) for e in expected):
+                fail(f"env._cumulative_rewards[{a!r}] = {c!r} is not the accumulated reward: the "
+                     f"total before the step ({base!r}) plus env.rewards[{a!r}] = {r!r}; call "
+                     "self._clear_rewards() at the start of step() and self._accumulate_rewards() "
+                     "at its end, or last() reports the wrong reward")
+
 
 # A step slower than this is treated as a hang.
 _STEP_SECONDS = 60.0
@@ -125,10 +210,15 @@ def random_episode(
             action = _action_for(env, agent, rng, sampler, oracle)
             fail(env.action_space(agent).contains(action), "sampled action outside the action space")
         trace.append((agent, copy.deepcopy(obs), float(reward), term, trunc, copy.deepcopy(info), action))
+        before = dict(env._cumulative_rewards)
         start = time.monotonic()
         out = env.step(action)
         fail(time.monotonic() - start < _STEP_SECONDS, f"step took over {_STEP_SECONDS}s (a hang)")
         fail(out is None, "step() must return None")
+        try:
+            check_step_output(env, agent, previous_cumulative=before)
+        except EnvContractError as e:
+            fail(False, str(e))
         keys = set(env.agents)
         for d in ("rewards", "terminations", "truncations", "infos", "_cumulative_rewards"):
             fail(set(getattr(env, d)) == keys, f"keys of env.{d} {sorted(getattr(env, d))} != agents {sorted(keys)}")

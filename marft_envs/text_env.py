@@ -45,6 +45,15 @@ wrong (reward from the outcome term 0). Dead agents must step ``None``
 problem) -> GradeResult`` to grade the whole turn instead of the answering
 agent's text alone (used by :class:`~marft_envs.tasks.echo.EchoTask`).
 
+**Task contract, checked loudly.** A grader that raises gives a wrong answer
+(flagged ``grade_error``: one response may break a grader). A grader that
+returns something other than a :class:`~marft_envs.tasks.base.GradeResult`, or
+one whose ``correct``/``format_ok``/``timed_out`` are not bools (``"yes"``
+would count as correct), whose ``score`` is not a finite number in [0, 1], or
+whose ``details`` is not a dict, raises ``TypeError``/``ValueError`` naming the
+task class and the field (:func:`check_grade_result`): that is a bug in the
+task, the same for every response, and training on it would be silent nonsense.
+
 **Info keys after a graded turn:** ``turn``, ``team_reward``,
 ``reward_components``, ``attribution``, ``grade`` (GradeResult fields),
 ``flags`` (this agent's action flags plus the turn's flags), ``action_flags``
@@ -95,7 +104,7 @@ from marft_envs.spaces import UnicodeText, action_space, observation_space
 from marft_envs.tasks import resolve_task_class
 from marft_envs.tasks.base import GradeResult, Problem, Task
 
-__all__ = ["ResetNeededError", "TextTeamEnv", "env", "raw_env", "sanitize_action"]
+__all__ = ["ResetNeededError", "TextTeamEnv", "check_grade_result", "env", "raw_env", "sanitize_action"]
 
 logger = logging.getLogger("marft_envs")
 
@@ -154,6 +163,46 @@ def sanitize_action(action: Any, max_chars: int) -> tuple[str, list[str]]:
     if not text.strip():
         flags.append("empty_action")
     return text, flags
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_BOOL_FIELDS = ("correct", "format_ok", "timed_out")
+
+
+def check_grade_result(result: Any, where: str) -> GradeResult:
+    """``result`` if it keeps the :class:`~marft_envs.tasks.base.GradeResult` contract, else a
+    ``TypeError``/``ValueError`` naming ``where`` (the task method) and the broken field.
+
+    ``correct``, ``format_ok``, ``timed_out``: bools; ``score``: a finite number in [0, 1];
+    ``extracted``, ``error``: a string or None; ``details``: a dict.
+    """
+    if not isinstance(result, GradeResult):
+        raise TypeError(f"{where} returned {type(result).__name__}, not a GradeResult; "
+                        "return marft_envs.GradeResult(correct=..., score=...)")
+    for name in _BOOL_FIELDS:
+        value = getattr(result, name)
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{where} returned GradeResult.{name}={value!r} "
+                            f"({type(value).__name__}); it must be True or False")
+    score = result.score
+    if isinstance(score, (bool, np.bool_)) or not isinstance(score, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} returned GradeResult.score={score!r} ({type(score).__name__}); "
+                        "it must be a number in [0, 1]")
+    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+        raise ValueError(f"{where} returned GradeResult.score={score!r}; it must be a finite number "
+                         "in [0, 1] (partial credit; float(correct) for binary tasks)")
+    for name in ("extracted", "error"):
+        value = getattr(result, name)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{where} returned GradeResult.{name}={value!r} "
+                            f"({type(value).__name__}); it must be a string or None")
+    if not isinstance(result.details, dict):
+        raise TypeError(f"{where} returned GradeResult.details of type "
+                        f"{type(result.details).__name__}; it must be a dict")
+    return result
 
 
 class ResetNeededError(RuntimeError, AssertionError):
@@ -407,17 +456,19 @@ class TextTeamEnv(AECEnv):
             self.stats["no_answer_agent"] += 1
             return GradeResult(correct=False, error="no answering agent acted in this turn")
         response = dict(self._executed)[answer_agent]
+        hook = getattr(self.task, "grade_turn", None)
         try:
-            hook = getattr(self.task, "grade_turn", None)
             if callable(hook):
                 result = hook(list(self._executed), answer_agent, self.problem)
             else:
                 result = self.task.grade(response, self.problem)
-            if not isinstance(result, GradeResult):
-                raise TypeError(f"grade returned {type(result).__name__}, not GradeResult")
         except Exception as e:  # Task.grade must not raise; if it does, it is a wrong answer, counted
             logger.warning("%s: grading raised %s: %s", self, type(e).__name__, e)
             result = GradeResult(correct=False, error=f"{type(e).__name__}: {e}")
+        else:
+            # A result of the wrong shape is a bug in the task, the same for every response:
+            # raised, never trained on (bool("yes") is True, a NaN score becomes reward 0).
+            check_grade_result(result, f"{_qualname(type(self.task))}.{'grade_turn' if callable(hook) else 'grade'}")
         if result.timed_out:
             self._turn_flags.append("grade_timeout")
             self.stats["grade_timeouts"] += 1

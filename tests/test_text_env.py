@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import pickle
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import marft_envs
 from marft_envs import AgentProfile, GradeResult, Independent, Problem, Task, Team, TextTeamEnv
@@ -357,3 +360,77 @@ def test_constructor_validation():
     env = TextTeamEnv("arith", profiles="trio", task_kwargs={"digits": 2}, split="test")
     assert env.task.digits == 2 and env.task.split == "test" and env.num_problems > 0
     assert str(env) == "arith_trio_v0"
+
+
+# -------------------------------------------------------------- the Task contract
+class _Returns(Task):
+    """A third-party task whose grader returns ``self.result`` as is."""
+
+    name = "returns"
+
+    def __init__(self, result):
+        self.result = result
+
+    def __len__(self):
+        return 1
+
+    def get(self, index):
+        return Problem(id="returns/0", question="?", answer="1")
+
+    def grade(self, response, problem):
+        return self.result
+
+
+def _grade_once(result):
+    env = TextTeamEnv(_Returns(result), "solo")
+    env.reset(seed=0)
+    env.step("1")
+    return env
+
+
+@pytest.mark.parametrize("result, message", [
+    (GradeResult(correct="yes"), r"GradeResult.correct='yes' \(str\); it must be True or False"),
+    (GradeResult(correct=1), r"GradeResult.correct=1 \(int\)"),
+    (GradeResult(correct=True, format_ok="no"), r"GradeResult.format_ok='no'"),
+    (GradeResult(correct=False, timed_out=None), r"GradeResult.timed_out=None"),
+    (GradeResult(correct=True, score="1"), r"GradeResult.score='1' \(str\)"),
+    (GradeResult(correct=True, score=float("nan")), r"GradeResult.score=nan; it must be a finite number"),
+    (GradeResult(correct=True, score=float("inf")), r"GradeResult.score=inf"),
+    (GradeResult(correct=True, score=2.0), r"GradeResult.score=2.0"),
+    (GradeResult(correct=False, error=ValueError("x")), r"GradeResult.error=ValueError\('x'\)"),
+    (GradeResult(correct=False, details=["flags"]), r"GradeResult.details of type list"),
+    ({"correct": True}, r"returned dict, not a GradeResult"),
+    (True, r"returned bool, not a GradeResult"),
+])
+def test_task_returning_a_broken_grade_raises_naming_the_task(result, message):
+    with pytest.raises((TypeError, ValueError), match=message) as err:
+        _grade_once(result)
+    assert "test_text_env._Returns.grade returned" in str(err.value)
+
+
+@given(correct=st.one_of(st.text(), st.integers(), st.floats(), st.none(), st.lists(st.booleans())))
+@settings(max_examples=40, deadline=None)
+def test_any_non_bool_correct_is_refused(correct):
+    with pytest.raises(TypeError, match="GradeResult.correct="):
+        _grade_once(GradeResult(correct=correct))
+
+
+@given(score=st.floats(allow_nan=True, allow_infinity=True))
+@settings(max_examples=60, deadline=None)
+def test_score_outside_unit_interval_is_refused_inside_is_rewarded(score):
+    result = GradeResult(correct=False, score=score)
+    if math.isfinite(score) and 0.0 <= score <= 1.0:
+        env = TextTeamEnv(_Returns(result), "solo", reward={"outcome": 0.0, "partial": 1.0})
+        env.reset(seed=0)
+        env.step("1")
+        assert env.rewards["actor"] == score
+    else:
+        with pytest.raises(ValueError, match="GradeResult.score="):
+            _grade_once(result)
+
+
+def test_numpy_bools_and_numbers_keep_the_contract():
+    import numpy as np
+
+    env = _grade_once(GradeResult(correct=np.bool_(True), score=np.float32(1.0)))
+    assert env.rewards["actor"] == 1.0 and env.terminations["actor"]
