@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# helpers/ holds what several test modules share (tests never import each other); pytest
+# puts tests/ on sys.path for this conftest, so the package imports as ``helpers``.
+from helpers.fast_path import assert_fast_path_exact as _assert_fast_path_exact
+
 _DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -26,3 +30,8 @@ def _in_ci() -> bool:
     """``CI`` set to a true value (GitHub Actions and most CI services set ``CI=true``)."""
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
+
+@pytest.fixture
+def assert_fast_path_exact():
+    """:func:`helpers.fast_path.assert_fast_path_exact`: a decode fast path changes nothing sampled."""
+    return _assert_fast_path_exact

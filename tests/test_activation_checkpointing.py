@@ -77,7 +77,7 @@ def test_no_grad_and_reference_passes_do_not_checkpoint():
 
 
 def test_config_reaches_the_policy_and_a_step_trains():
-    from _tiny_echo import ENV_KWARGS, SAMPLING
+    from helpers.tiny_echo import ENV_KWARGS, SAMPLING
 
     from marft_algos.algos.grpo import GRPOTrainer
     from marft_algos.config import GRPOConfig

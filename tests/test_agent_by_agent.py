@@ -6,7 +6,7 @@ import pytest
 import torch
 
 pytest.importorskip("marft_algos.models")
-from test_marft_action import echo_kwargs, letter_policy  # noqa: E402
+from helpers.marft_echo import echo_kwargs, letter_policy  # noqa: E402
 
 from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
 from marft_algos.algos.marft_token import MARFTTokenConfig, MARFTTokenTrainer  # noqa: E402

@@ -12,7 +12,7 @@ from marft_algos.checkpoint import CheckpointError, find_checkpoint, list_checkp
 from marft_algos.config import GRPOConfig, IPPOConfig
 
 pytest.importorskip("marft_algos.models")
-from _tiny_echo import ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
+from helpers.tiny_echo import ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
 
 from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
 from marft_algos.algos.ippo import IPPOTrainer  # noqa: E402

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 pytest.importorskip("marft_algos.models")
-from _tiny_echo import ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
-from test_marft_action import echo_kwargs  # noqa: E402  (shaped reward: every step has a signal)
+from helpers.marft_echo import echo_kwargs  # noqa: E402  (shaped reward: every step has a signal)
+from helpers.tiny_echo import ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
 
 from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
 from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402

@@ -21,54 +21,16 @@ from marft_algos.config import ConfigError
 from marft_algos.rollout import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
+from helpers.marft_echo import (  # noqa: E402
+    AGENTS,
+    BARE,
+    echo_kwargs,
+    letter_model,
+    letter_policy,
+)
+
 from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
-from marft_algos.models import TeamPolicy, TokenStats, build_tiny_model  # noqa: E402
-
-VOCAB = ["a", "b", "c", "d"]
-# unit tests: a format reward (listener said a vocabulary word) makes every batch carry signal,
-# so "the weights moved" never depends on a lucky rollout; learning tests use the bare task
-SHAPED = {"vocabulary": VOCAB, "reward": {"outcome": 1.0, "format": 0.5}}
-BARE = {"vocabulary": VOCAB}
-ONE_TOKEN = {"speaker": {"max_new_tokens": 1}, "listener": {"max_new_tokens": 1}}
-AGENTS = ("speaker", "listener")
-
-
-def letter_model(bias: float = 8.0, seed: int = 0, **model_kw):
-    """Tiny random Llama whose lm_head adds ``bias`` to the logits of the vocabulary letters."""
-    model, tok = build_tiny_model(seed=seed, **model_kw)
-    head = model.lm_head
-    new = torch.nn.Linear(head.in_features, head.out_features, bias=True)
-    with torch.no_grad():
-        new.weight.copy_(head.weight)
-        new.bias.zero_()
-        for w in VOCAB:
-            new.bias[tok.convert_tokens_to_ids(w)] = bias
-    model.lm_head = new
-    return model, tok
-
-
-def letter_policy(roles=AGENTS, bias: float = 8.0, seed: int = 0, **kw) -> TeamPolicy:
-    """A team on one :func:`letter_model` (``kw``: TeamPolicy options, e.g. ``mode``)."""
-    return TeamPolicy(list(roles), base=letter_model(bias, seed), seed=seed, **kw)
-
-
-def echo_kwargs(**kw):
-    base = dict(
-        env_id="echo-duo-v0",
-        env_kwargs=SHAPED,
-        model="tiny-random",
-        num_envs=4,
-        steps=2,
-        progress=False,
-        tensorboard=False,
-        plot=False,
-        sampling_overrides=ONE_TOKEN,
-        lr=0.01,
-        critic_lr=0.01,
-        recovery=False,
-    )
-    base.update(kw)
-    return base
+from marft_algos.models import TeamPolicy, TokenStats  # noqa: E402
 
 
 def tiny_config(**kw) -> MARFTActionConfig:
@@ -158,7 +120,7 @@ def test_chain_gae_through_trainer_matches_reference_recursion(trainer):
     batch = chain_batch([ep0, ep1])
     trainer.compute_advantages(batch)
     g, lam = 0.99, 0.95
-    # the reference's loop (NOTES.md s.1), written out for episode 0:
+    # the reference implementation's loop, written out for episode 0:
     r = np.array([[0.0, 0.0], [0.0, 1.0]])
     V = np.array([[0.2, 0.5], [0.4, 0.7], [0.0, 0.0]])
     m = [1.0, 1.0, 0.0]

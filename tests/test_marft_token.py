@@ -10,7 +10,7 @@ from marft_algos.config import ConfigError
 from marft_algos.rollout import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
-from test_marft_action import BARE, echo_kwargs, letter_policy  # noqa: E402
+from helpers.marft_echo import BARE, echo_kwargs, letter_policy  # noqa: E402
 
 from marft_algos.algos.marft_token import MARFTTokenConfig, MARFTTokenTrainer  # noqa: E402
 from marft_algos.models import TokenStats  # noqa: E402

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from _fast_path import assert_fast_path_exact
 
 from marft_algos.models import (
     GenRequest,
@@ -439,7 +438,7 @@ def test_sample_next_draws_follow_the_distribution_and_respect_top_p():
     assert torch.equal(a, b)
 
 
-def test_single_adapter_decode_with_merged_weights_equals_peft_path(policy):
+def test_single_adapter_decode_with_merged_weights_equals_peft_path(policy, assert_fast_path_exact):
     from marft_algos.models.sampling import SamplingParams as SP
 
     b = policy._bases[0]

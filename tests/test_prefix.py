@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _fast_path import assert_fast_path_exact
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -118,7 +117,7 @@ def test_shared_prefix_reference_logprobs_match(policy):
     assert torch.allclose(shared.logprobs, plain.logprobs, atol=1e-5)
 
 
-def test_shared_prefix_prefill_gives_the_same_samples(policy):
+def test_shared_prefix_prefill_gives_the_same_samples(policy, assert_fast_path_exact):
     prompts, _ = _rows(policy)
     sp = SamplingParams(temperature=1.0, max_new_tokens=10)
     # two adapters in one batch: clusters never mix them

@@ -61,7 +61,7 @@ def test_settings_validation():
 # --------------------------------------------------------------------------------------
 
 pytest.importorskip("marft_algos.models")
-from test_marft_action import echo_kwargs, letter_policy  # noqa: E402
+from helpers.marft_echo import echo_kwargs, letter_policy  # noqa: E402
 
 from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
 

@@ -10,7 +10,8 @@ from marft_algos.config import ConfigError, GRPOConfig
 from marft_algos.rollout import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
-from _tiny_echo import CHANCE, ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
+from helpers.tiny_echo import CHANCE, ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
+from helpers.training import train_until_learned  # noqa: E402
 
 from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
 
@@ -188,16 +189,6 @@ def test_kl_to_reference_is_logged_when_beta_positive():
         assert m[f"agent/{a}/ref_kl"] >= 0
         for key in ("kl", "entropy", "clip_frac", "grad_norm", "response_len", "reward"):
             assert f"agent/{a}/{key}" in m, key
-
-
-def train_until_learned(t, max_steps: int, target: float) -> list[float]:
-    """Step until the mean accuracy of the last 3 steps reaches ``target`` (or max_steps)."""
-    acc: list[float] = []
-    for _ in range(max_steps):
-        acc.append(t.train_step()["team/accuracy"])
-        if len(acc) >= 3 and np.mean(acc[-3:]) >= target:
-            break
-    return acc
 
 
 @pytest.mark.timeout(400)

@@ -10,8 +10,8 @@ from marft_algos.config import ConfigError, IPPOConfig
 from marft_algos.rollout import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
-from _tiny_echo import CHANCE, ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
-from test_trainer_grpo import train_until_learned  # noqa: E402
+from helpers.tiny_echo import CHANCE, ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
+from helpers.training import train_until_learned  # noqa: E402
 
 from marft_algos.algos.ippo import IPPOTrainer  # noqa: E402
 
