@@ -230,7 +230,7 @@ def action_level_gae(
         R_n     = A_n + V_n
 
     With the defaults (0.99 / 0.95 at every hop) this is exactly the reference
-    recursion (NOTES.md section 1): agent i < N-1 bootstraps from ``V[t, i+1]``, the
+    recursion of the MARFT reference code (arXiv 2504.16129): agent i < N-1 bootstraps from ``V[t, i+1]``, the
     last agent from ``V[t+1, 0] * m[t+1]``.
 
     Args:

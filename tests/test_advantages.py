@@ -1,7 +1,7 @@
 """Closed-form tests of the advantage estimators (SB3 ``tests/test_gae.py`` style).
 
 Every expected number is derived by hand in the comments; the reference
-implementation's recursions (NOTES.md section 1) are transcribed literally where the
+implementation's recursions (the MARFT paper's released code) are transcribed literally where the
 test says so, so a change of semantics shows up as a failed equality.
 """
 

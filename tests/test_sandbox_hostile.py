@@ -29,7 +29,7 @@ TESTS = ["assert solve(1) == 2", "assert solve(41) == 42"]
 
 def _leftovers(workdir: str | None) -> list[int]:
     """Processes of one sandbox run: their HOME is its work dir (the programs print
-    it first; other sessions may be running sandboxes at the same time)."""
+    it first; other processes may be running sandboxes at the same time)."""
     if workdir is None or "marft-sbx-" not in workdir:
         marker = ("HOME=" + os.path.join(tempfile.gettempdir(), "marft-sbx-")).encode()
     else:

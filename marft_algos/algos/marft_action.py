@@ -1,8 +1,8 @@
 """Action-level MARFT: PPO over the chain of agents' actions with a shared critic.
 
 Paper: Multi-Agent Reinforcement Fine-Tuning (arXiv 2504.16129), the action-level
-algorithm; semantics of the reference implementation (../shared/design/NOTES.md s.1)
-with its verified defects fixed. One training step reads like the paper::
+algorithm; semantics of the paper's reference implementation, with its verified
+defects fixed. One training step reads like the paper::
 
     batch = collect()                                   # agent i sees the prompt + actions of its predecessors
     V_n   = critic(o_n)                                 # frozen base + value head, at agent n's observation
