@@ -122,3 +122,27 @@ def register_builtin_envs() -> None:
 
 
 register_builtin_envs()
+
+
+# ---------------------------------------------------------------------------------------
+# Games and dialogue (issue 17). Appended block: per-agent-reward games and the doctor
+# dialogue env are AECEnv subclasses of their own (marft_envs.games, marft_envs.dialogue);
+# their docs pages come from those packages' docstrings.
+# ---------------------------------------------------------------------------------------
+
+#: Game and dialogue ids registered below (TextArena-backed ids are not registered: see docs/games.md).
+GAME_ENV_IDS: tuple[str, ...] = ("game-nim-v0", "game-matrix-v0", "dialogue-doctor-v0")
+__all__ += ["GAME_ENV_IDS", "register_game_envs"]
+
+
+def register_game_envs() -> None:
+    """Register ``game-nim-v0``, ``game-matrix-v0`` and ``dialogue-doctor-v0`` (nothing is imported)."""
+    register("game-nim-v0", "marft_envs.games:nim_env",
+             description="zero-sum Nim (one pile, take 1-3, last stone wins); optimal play known")
+    register("game-matrix-v0", "marft_envs.games:matrix_env",
+             description="general-sum matrix game (prisoner's dilemma; game=, rounds=)")
+    register("dialogue-doctor-v0", "marft_envs.dialogue:doctor_env",
+             description="doctor questions a scripted patient with a hidden case card, then diagnoses")
+
+
+register_game_envs()
