@@ -189,7 +189,7 @@ class DoctorDialogueEnv(TextGameEnv):
             reply, flags[:] = DONT_KNOW_FALLBACK, [*flags, f"respondent_error:{type(e).__name__}"]
         _, _, status = self._matcher.answer(question, self.case)
         if status == "fact":
-            if key in self.elicited:
+            if key in self.elicited or key == self.case.opening:  # the opening fact is given
                 status = "repeat"
             else:
                 self.elicited.append(key)  # type: ignore[arg-type]
