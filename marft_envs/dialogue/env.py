@@ -129,12 +129,9 @@ class DoctorDialogueEnv(TextGameEnv):
         """The task, the candidate conditions and the answer syntax."""
         assert self.case is not None
         return (
-            "A patient has come to see you. Find out which condition they have by asking questions, "
-            f"one per turn. You may ask at most {self.max_turns} questions; each question costs "
-            f"{self.turn_cost:g} points, a correct diagnosis earns 1.\n"
-            f"Possible conditions: {', '.join(self.case.candidates)}.\n"
-            "To ask, write one short question. To finish, write 'DIAGNOSIS: <condition>' with one "
-            "condition from the list."
+            f"Find the patient's condition. Ask one question per turn (at most {self.max_turns}; "
+            f"each costs {self.turn_cost:g}; a correct diagnosis earns 1). Conditions: "
+            f"{', '.join(self.case.candidates)}. To finish, reply 'DIAGNOSIS: <condition>'."
         )
 
     def state_text(self, agent: str) -> str:

@@ -111,18 +111,17 @@ class MatrixGameEnv(TextGameEnv):
         for a in self.moves_table:
             for b in self.moves_table:
                 u0, u1 = self.payoff_table[a + b]
-                rows.append(f"  player_0 {a}, player_1 {b}: player_0 gets {u0:g}, player_1 gets {u1:g}")
+                rows.append(f"{a}{b}: {u0:g}, {u1:g}")
         return "\n".join(rows)
 
     def rules(self, agent: str) -> str:
         """The payoff table, the number of rounds and the move syntax."""
-        moves = ", ".join(f"{k} ({v})" for k, v in self.moves_table.items())
+        moves = ", ".join(f"{k} = {v}" for k, v in self.moves_table.items())
         return (
-            f"You are {agent} in a two-player game played for {self.rounds} round(s). Each round both "
-            f"players choose a move at the same time, without seeing the other's choice. Moves: {moves}.\n"
-            f"Payoffs per round:\n{self._table_text()}\n"
-            "Your goal is to maximise YOUR OWN total payoff. Reply with 'MOVE: <letter>'. An "
-            f"unreadable reply plays {next(iter(self.moves_table))}."
+            f"You are {agent}. {self.rounds} round(s); each round both players move at once, unseen. "
+            f"Moves: {moves}. Payoffs (player_0's move, player_1's move: player_0's points, "
+            f"player_1's points):\n{self._table_text()}\nMaximise YOUR OWN points. Reply "
+            f"'MOVE: <letter>'; an unreadable reply plays {next(iter(self.moves_table))}."
         )
 
     def state_text(self, agent: str) -> str:

@@ -93,24 +93,23 @@ class NimEnv(TextGameEnv):
         self.pile = self.start_pile = int(pile)
 
     def rules(self, agent: str) -> str:
-        """The rules and the move syntax."""
+        """The rules and the move syntax (short: small models have small context windows)."""
+        invalid = "loses the game" if self.on_invalid == "forfeit" else "takes 1 stone"
         return (
-            f"You are {agent} in a game of Nim against {self._opponent(agent)}. There is one pile of "
-            f"stones. Players take turns; on your turn you must take between 1 and {self.max_take} "
-            "stones (and no more than are left). The player who takes the LAST stone WINS.\n"
-            f"Reply with your move as 'MOVE: <number of stones>', e.g. 'MOVE: 1'. An unreadable or "
-            + ("illegal move loses the game." if self.on_invalid == "forfeit"
-               else "illegal move takes 1 stone.")
+            f"Nim. You are {agent}. Players take turns removing 1 to {self.max_take} stones from "
+            "one pile. Whoever takes the LAST stone wins. Reply 'MOVE: <number>'. An unreadable "
+            f"or illegal move {invalid}."
         )
 
     def state_text(self, agent: str) -> str:
         """The pile, the moves so far and whose turn it is."""
-        lines = [f"Stones at the start: {self.start_pile}."]
-        lines += [f"{a} took {m}." for a, m in self.moves]
+        lines = [f"Start: {self.start_pile} stones."]
+        if self.moves:  # the pile is the whole state: the last move is shown, not the history
+            a, m = self.moves[-1]
+            lines.append(f"Last move: {a} took {m}.")
         lines.append(f"Stones left: {self.pile}.")
         if not self.game_over and self.agents:
-            who = "your" if self.agent_selection == agent else f"{self.agent_selection}'s"
-            lines.append(f"It is {who} turn.")
+            lines.append("Your turn." if self.agent_selection == agent else f"{self.agent_selection}'s turn.")
         return "\n".join(lines)
 
     def legal_moves(self, agent: str) -> list[str]:
