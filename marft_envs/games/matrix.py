@@ -111,26 +111,26 @@ class MatrixGameEnv(TextGameEnv):
         for a in self.moves_table:
             for b in self.moves_table:
                 u0, u1 = self.payoff_table[a + b]
-                rows.append(f"{a}{b}: {u0:g}, {u1:g}")
+                rows.append(f"{a}, {b}: {u0:g}, {u1:g}")
         return "\n".join(rows)
 
     def rules(self, agent: str) -> str:
-        """The payoff table, the number of rounds and the move syntax."""
+        """The payoff table, the number of rounds and the move syntax (short: small context windows)."""
         moves = ", ".join(f"{k} = {v}" for k, v in self.moves_table.items())
         return (
-            f"You are {agent}. {self.rounds} round(s); each round both players move at once, unseen. "
-            f"Moves: {moves}. Payoffs (player_0's move, player_1's move: player_0's points, "
-            f"player_1's points):\n{self._table_text()}\nMaximise YOUR OWN points. Reply "
-            f"'MOVE: <letter>'; an unreadable reply plays {next(iter(self.moves_table))}."
+            f"You are {agent}. Both players move at once, {self.rounds} round(s). Moves: {moves}. "
+            "Points per round ('player_0 move, player_1 move: player_0 points, player_1 points'):\n"
+            f"{self._table_text()}\nMaximise your own points. Reply 'MOVE: <letter>' "
+            f"(unreadable: {next(iter(self.moves_table))})."
         )
 
     def state_text(self, agent: str) -> str:
-        """Past rounds (never the other player's pending move)."""
-        lines = [f"Round {i + 1}: player_0 played {a}, player_1 played {b}." for i, (a, b) in enumerate(self.history)]
+        """Past rounds and totals (never the other player's pending move)."""
+        lines = [f"Round {i + 1}: {a}{b}." for i, (a, b) in enumerate(self.history)]
+        if self.history:
+            lines.append("Totals: " + ", ".join(f"{a} {self.payoffs.get(a, 0.0):g}" for a in self.possible_agents) + ".")
         if not self.game_over:
-            lines.append(f"Round {min(len(self.history) + 1, self.rounds)} of {self.rounds}: choose your move.")
-        totals = ", ".join(f"{a} {self.payoffs.get(a, 0.0):g}" for a in self.possible_agents)
-        lines.append(f"Totals so far: {totals}.")
+            lines.append(f"Round {min(len(self.history) + 1, self.rounds)} of {self.rounds}: your move.")
         return "\n".join(lines)
 
     def legal_moves(self, agent: str) -> list[str]:
