@@ -130,19 +130,26 @@ register_builtin_envs()
 # their docs pages come from those packages' docstrings.
 # ---------------------------------------------------------------------------------------
 
-#: Game and dialogue ids registered below (TextArena-backed ids are not registered: see docs/games.md).
+#: Game and dialogue ids registered below (plus TextArena-backed ``game-*-v0`` ids when it is installed).
 GAME_ENV_IDS: tuple[str, ...] = ("game-nim-v0", "game-matrix-v0", "dialogue-doctor-v0")
 __all__ += ["GAME_ENV_IDS", "register_game_envs"]
 
 
 def register_game_envs() -> None:
-    """Register ``game-nim-v0``, ``game-matrix-v0`` and ``dialogue-doctor-v0`` (nothing is imported)."""
+    """Register ``game-nim-v0``, ``game-matrix-v0``, ``dialogue-doctor-v0`` and, when the optional
+    ``textarena`` package is installed, its offline two-player games (it is not imported here)."""
     register("game-nim-v0", "marft_envs.games:nim_env",
              description="zero-sum Nim (one pile, take 1-3, last stone wins); optimal play known")
     register("game-matrix-v0", "marft_envs.games:matrix_env",
              description="general-sum matrix game (prisoner's dilemma; game=, rounds=)")
     register("dialogue-doctor-v0", "marft_envs.dialogue:doctor_env",
              description="doctor questions a scripted patient with a hidden case card, then diagnoses")
+    from marft_envs.games.textarena_adapter import TEXTARENA_GAMES, textarena_available
+
+    if textarena_available():  # the optional extra is installed: offer its offline two-player games
+        for env_id, (ta_id, _) in TEXTARENA_GAMES.items():
+            register(env_id, "marft_envs.games:textarena_env", kwargs={"game": env_id},
+                     description=f"TextArena's {ta_id.removesuffix('-v0-raw')} (optional extra 'textarena')")
 
 
 register_game_envs()

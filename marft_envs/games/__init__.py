@@ -14,6 +14,10 @@ game-matrix-v0      prisoner's dilemma (or any   general-sum: each player its ow
                     repeated
 ==================  ===========================  ==================================  =============
 
+With the optional extra ``textarena`` (``pip install 'marft[textarena]'``) three of
+TextArena's offline two-player games are registered too: ``game-tictactoe-v0``,
+``game-connectfour-v0``, ``game-kuhnpoker-v0`` (:mod:`marft_envs.games.textarena_adapter`).
+
 Nim
 ---
 
@@ -113,12 +117,20 @@ __all__ = [
     "nim_env",
     "optimal_take",
     "play_episode",
+    "textarena_env",
 ]
 
 
 def nim_env(**kwargs: Any) -> NimEnv:
     """``game-nim-v0``'s entry point: ``NimEnv(**kwargs)``."""
     return NimEnv(**kwargs)
+
+
+def textarena_env(**kwargs: Any) -> Any:
+    """Entry point of the TextArena-backed ids (optional extra): ``TextArenaGameEnv(**kwargs)``."""
+    from marft_envs.games.textarena_adapter import TextArenaGameEnv
+
+    return TextArenaGameEnv(**kwargs)
 
 
 def matrix_env(**kwargs: Any) -> MatrixGameEnv:
