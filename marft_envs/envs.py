@@ -1,6 +1,6 @@
 """Every built-in environment id, registered when ``marft_envs`` is imported.
 
-Every id is a :class:`~marft_envs.text_env.TextTeamEnv` (see its docstring for
+Every team id is a :class:`~marft_envs.text_env.TextTeamEnv` (see its docstring for
 turns, observations, rewards and flags) over one task and one built-in team
 (``marft_envs/profiles/<team>.json``). Entry points and task classes are named
 by strings, so registering imports no task module and loads no data. The
@@ -22,6 +22,9 @@ code-solo-v0           coder                                    HumanEval (test)
 code-duo-v0            planner -> coder (chain)                 as above
 code-trio-v0           planner -> coder -> reviewer (chain;     as above
                        the reviewer is graded, may revise)
+game-nim-v0            player_0 vs player_1 (zero-sum)          Nim (own rewards)
+game-matrix-v0         player_0, player_1 (general-sum)         matrix game
+dialogue-doctor-v0     doctor (scripted patient outside team)   procedural cases
 =====================  =======================================  =====================
 
 Adding a family: append a block at the end of this module that calls
@@ -232,3 +235,44 @@ for _team, _what in _CODE_TEAMS.items():
         kwargs={"dataset": "humaneval", "profiles": f"code_{_team}"},
         description=f"code with unit tests (HumanEval; dataset='mbpp'); {_what}",
     )
+# ------------------------------------------------------------ games and dialogue
+# Per-agent-reward games and the doctor dialogue are AECEnv subclasses of their own
+# (marft_envs.games, marft_envs.dialogue); their doc pages come from those packages.
+builtin(
+    "game-nim-v0",
+    "marft_envs.games:nim_env",
+    kwargs={},
+    description="zero-sum Nim (one pile, take 1-3, last stone wins); optimal play known",
+)
+builtin(
+    "game-matrix-v0",
+    "marft_envs.games:matrix_env",
+    kwargs={},
+    description="general-sum matrix game (prisoner's dilemma; game=, rounds=)",
+)
+builtin(
+    "dialogue-doctor-v0",
+    "marft_envs.dialogue:doctor_env",
+    kwargs={},
+    description="doctor questions a scripted patient with a hidden case card, then diagnoses",
+)
+
+
+def _textarena_games() -> None:
+    # Only when the optional extra is installed (checked without importing textarena).
+    from marft_envs.games.textarena_adapter import TEXTARENA_GAMES, textarena_available
+
+    if textarena_available():
+        for env_id, (ta_id, _) in TEXTARENA_GAMES.items():
+            builtin(
+                env_id,
+                "marft_envs.games:textarena_env",
+                kwargs={"game": env_id},
+                description=f"TextArena's {ta_id.removesuffix('-v0-raw')} (optional extra 'textarena')",
+            )
+
+
+_textarena_games()
+#: Game and dialogue ids (plus TextArena-backed ``game-*-v0`` ids when it is installed).
+GAME_ENV_IDS: tuple[str, ...] = ("game-nim-v0", "game-matrix-v0", "dialogue-doctor-v0")
+__all__ += ["GAME_ENV_IDS"]
