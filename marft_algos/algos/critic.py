@@ -83,21 +83,21 @@ class Critic:
     def can_cache(self) -> bool:
         """Hidden states are reusable across a step: frozen base and the value model exposes them."""
         vm = self.vm
-        return getattr(vm, "critic_adapter", None) is None and all(hasattr(vm, a) for a in ("_hidden", "_layout", "head"))
+        return getattr(vm, "critic_adapter", None) is None and all(hasattr(vm, a) for a in ("hidden_states", "layout", "head"))
 
     def action_features(self, agent: str, prompts: list[list[int]]) -> torch.Tensor:
         """Hidden state at the last prompt token ``[B, H]`` (no grad)."""
         vm = self.vm
         with torch.no_grad():
-            ids, att, pos, _, _, plen, _ = vm._layout(agent, prompts, [[] for _ in prompts])
-            return vm._hidden(agent, ids, att, pos)[:, plen - 1].float()
+            ids, att, pos, _, _, plen, _ = vm.layout(agent, prompts, [[] for _ in prompts])
+            return vm.hidden_states(agent, ids, att, pos)[:, plen - 1].float()
 
     def token_features(self, agent: str, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
         """Hidden states before each response token ``[B, T, H]`` (no grad)."""
         vm = self.vm
         with torch.no_grad():
-            ids, att, pos, _, _, plen, rlen = vm._layout(agent, prompts, responses)
-            return vm._hidden(agent, ids[:, :-1], att[:, :-1], pos[:, :-1])[:, plen - 1 : plen - 1 + rlen].float()
+            ids, att, pos, _, _, plen, rlen = vm.layout(agent, prompts, responses)
+            return vm.hidden_states(agent, ids[:, :-1], att[:, :-1], pos[:, :-1])[:, plen - 1 : plen - 1 + rlen].float()
 
     def head_values(self, agent: str, features: torch.Tensor) -> torch.Tensor:
         """The agent's value head on cached features (with grad): ``[...]`` -> values."""

@@ -1,11 +1,13 @@
 """Models and the team policy: base-model loading (aliases, GGUF cache), the tiny test
-model, per-role LoRA adapters on one shared base (:class:`TeamPolicy`), batched
-multi-adapter generation and the critic (:class:`ValueModel`).
+model, per-role LoRA adapters on one shared base (:class:`TeamPolicy`), the public token
+:class:`Layout` and the critic (:class:`ValueModel`). Sampling runs in a generation
+engine (:mod:`marft_algos.engines`).
 
 See ``docs/design/contracts.md`` section 2 for the contract other packages rely on.
 """
 
 from marft_algos.models.aliases import ALIASES, ModelAlias, UnknownModelError, resolve_alias
+from marft_algos.models.layout import Layout, build_layout
 from marft_algos.models.loading import (
     IntegrityError,
     MissingPackageError,
@@ -13,7 +15,7 @@ from marft_algos.models.loading import (
     load_base,
     parse_dtype,
 )
-from marft_algos.models.policy import LoraSettings, TeamPolicy
+from marft_algos.models.policy import LoadedBase, LoraSettings, TeamPolicy
 from marft_algos.models.sampling import (
     FinishReason,
     GenRequest,
@@ -30,6 +32,8 @@ __all__ = [
     "GenRequest",
     "GenResult",
     "IntegrityError",
+    "Layout",
+    "LoadedBase",
     "LoraSettings",
     "MissingPackageError",
     "ModelAlias",
@@ -39,6 +43,7 @@ __all__ = [
     "UnknownModelError",
     "ValueHead",
     "ValueModel",
+    "build_layout",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "cache_root",

@@ -12,11 +12,12 @@ Modes:
     Heterogeneous teams: ``base={role: model_name}``; each distinct base is loaded once and
     carries the adapters of its roles.
 
-Generation is a hand-written KV-cached decode loop over a left-padded batch that mixes
-roles/adapters in one forward per step (peft ``adapter_names``, one name per row), with
-per-row temperature, top-p, max-new-tokens and stop strings; rows finish independently
-and finished rows are dropped from the batch (and its KV cache). Identical prompts of one
-adapter (GRPO groups, ``GenRequest.n``) are prefilled once and the cache is expanded.
+The policy owns the weights: adapter management, training-time scoring
+(:meth:`TeamPolicy.sequence_logprobs`, :meth:`TeamPolicy.hidden_states` on the public
+:class:`~marft_algos.models.layout.Layout`) and save/load. Sampling is done by a
+generation engine (:mod:`marft_algos.engines`; the default ``"hf"`` engine is the
+KV-cached multi-adapter decode loop on these same model objects), to which
+:meth:`TeamPolicy.generate` delegates.
 
 Adapter activation and ``requires_grad`` are managed here directly (not through peft's
 ``set_adapter``/``disable_adapter``, which also rewrite ``requires_grad`` flags): every
@@ -32,7 +33,7 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from marft_algos.models.layout import Layout, build_layout
 from marft_algos.models.loading import load_base, parse_dtype
-from marft_algos.models.prefix import PrefixPlan, left_pad, plan_prefixes
-from marft_algos.models.sampling import GenRequest, GenResult, TokenStats, sample_next
+from marft_algos.models.prefix import plan_prefixes, two_stage_forward
+from marft_algos.models.sampling import GenRequest, GenResult, TokenStats
 
-__all__ = ["LoraSettings", "TeamPolicy"]
+__all__ = ["LoadedBase", "LoraSettings", "TeamPolicy", "train_mode"]
 
 _FORMAT = 1
 
@@ -73,8 +75,22 @@ class LoraSettings:
 
 
 @dataclass
-class _Base:
-    """One loaded base model and the roles that run on it."""
+class LoadedBase:
+    """One loaded base model and the roles that run on it (an engine decodes per base).
+
+    Attributes:
+        slot: index of this base in :attr:`TeamPolicy.loaded_bases`.
+        name: the alias/path/Hub id it was loaded from.
+        model: a PeftModel in lora/shared mode, the plain model in full mode.
+        tokenizer: its tokenizer (left padding, a pad token set).
+        roles: the roles that run on it.
+        max_context: prompt + response token limit.
+        eos_ids: token ids that end a generation.
+        reference: the frozen initial copy (full mode with ``full_reference``).
+        tuner_layers: the peft tuner layers (adapter switches).
+        adapter_params: the parameters of each adapter, by adapter name.
+        ckpt_layers: decoder layers armed for activation checkpointing.
+    """
 
     slot: int
     name: str
@@ -95,41 +111,15 @@ class _Base:
         return get() if callable(get) else self.model
 
 
-class _TransposedHead(nn.Module):
-    """An output projection computed as ``(W @ h.T).T`` for decoding on a CPU.
-
-    For a few rows against a large vocabulary (8 x 576 against 49152 x 576), MKL's
-    ``h @ W.T`` runs at a fraction of the memory bandwidth; the transposed product reads
-    ``W`` in its storage order and is ~2x faster (the head is a quarter of a decode step
-    of a 135M model). Same weight object, no copy.
-    """
-
-    def __init__(self, head: nn.Linear) -> None:
-        super().__init__()
-        self.head = head
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits ``[..., V]`` of hidden states ``[..., H]``."""
-        w = self.head.weight
-        out = (w @ h.reshape(-1, h.shape[-1]).t()).t()
-        if self.head.bias is not None:
-            out = out + self.head.bias
-        return out.reshape(*h.shape[:-1], w.shape[0])
-
-
 @contextlib.contextmanager
-def _decode_head(owner: nn.Module) -> Iterator[None]:
-    """Use :class:`_TransposedHead` as ``owner.lm_head`` for a no-grad decode on a CPU."""
-    head = getattr(owner, "lm_head", None)
-    hooked = isinstance(head, nn.Module) and (head._forward_hooks or head._forward_pre_hooks)
-    if not isinstance(head, nn.Linear) or hooked or head.weight.device.type != "cpu":
-        yield  # hooks on the head (logit processors, tests) must see its own forward
-        return
-    owner.lm_head = _TransposedHead(head)
+def train_mode(module: nn.Module, train: bool) -> Iterator[None]:
+    """Set ``module.train(train)`` inside the block; restores the previous mode."""
+    was = module.training
+    module.train(train)
     try:
         yield
     finally:
-        owner.lm_head = head
+        module.train(was)
 
 
 def _sanitize(name: str) -> str:
@@ -216,6 +206,8 @@ class TeamPolicy:
             forward of the layers, and no prefix sharing in training forwards, since a
             recomputed layer must not write a shared cache twice). Needs a transformers
             model whose decoder layers support gradient checkpointing.
+        engine: the generation engine's registry name (:func:`marft_algos.engines.get_engine`;
+            ``"hf"``: the KV-cached decode loop on this policy's models).
     """
 
     def __init__(
@@ -236,6 +228,7 @@ class TeamPolicy:
         merge_for_decode: bool = True,
         share_prefixes: bool = True,
         activation_checkpointing: bool = False,
+        engine: str = "hf",
     ) -> None:
         if mode not in ("lora", "shared", "full"):
             raise ValueError(f"mode must be 'lora', 'shared' or 'full', got {mode!r}")
@@ -264,9 +257,9 @@ class TeamPolicy:
 
         # ---- load each distinct base once ------------------------------------------------
         spec_of = {r: (base.get(r, "smollm2-135m") if isinstance(base, Mapping) else base) for r in roles}
-        self._bases: list[_Base] = []
-        self._base_of: dict[str, _Base] = {}
-        by_key: dict[Any, _Base] = {}
+        self._bases: list[LoadedBase] = []
+        self._base_of: dict[str, LoadedBase] = {}
+        by_key: dict[Any, LoadedBase] = {}
         for role in roles:
             spec = spec_of[role]
             key = (id(spec[0]) if isinstance(spec, tuple) else str(spec))
@@ -282,7 +275,7 @@ class TeamPolicy:
                 if tokenizer.pad_token_id is None:
                     tokenizer.pad_token = tokenizer.eos_token
                 limit = int(max_context or getattr(model.config, "max_position_embeddings", 2048) or 2048)
-                entry = _Base(len(self._bases), name, model, tokenizer, [], limit, _eos_ids(model, tokenizer))
+                entry = LoadedBase(len(self._bases), name, model, tokenizer, [], limit, _eos_ids(model, tokenizer))
                 by_key[key] = entry
                 self._bases.append(entry)
             by_key[key].roles.append(role)
@@ -305,10 +298,15 @@ class TeamPolicy:
                 self._setup_lora(b, names)
             b.ckpt_layers = self._checkpoint_layers(b) if self.activation_checkpointing else []
 
+        # ---- the generation engine (imported here: engines build on this module) ---------
+        from marft_algos.engines import get_engine
+
+        self.engine = get_engine(engine)(self)
+
     # ------------------------------------------------------------------------------------
     # setup
     # ------------------------------------------------------------------------------------
-    def _setup_lora(self, b: _Base, names: list[str]) -> None:
+    def _setup_lora(self, b: LoadedBase, names: list[str]) -> None:
         from peft import get_peft_model
 
         cfg = self.lora.to_peft()
@@ -325,13 +323,13 @@ class TeamPolicy:
                 p.requires_grad_(True)
 
     @staticmethod
-    def _checkpoint_layers(b: _Base) -> list[nn.Module]:
+    def _checkpoint_layers(b: LoadedBase) -> list[nn.Module]:
         """Arm transformers' per-layer checkpointing (non-reentrant) on ``b``'s decoder layers.
 
         The layers checkpoint only while their own ``training`` flag is set, which
         :meth:`_checkpointing` does for training forwards alone (non-recursively: dropout
         modules stay in eval mode, so the recomputation is the same function). The
-        backward pass recomputes a layer after :meth:`_adapter` has restored the adapter
+        backward pass recomputes a layer after :meth:`use_adapter` has restored the adapter
         selection, so each layer's recomputation re-activates the adapters that were
         active in its forward.
         """
@@ -351,7 +349,7 @@ class TeamPolicy:
         return layers
 
     @contextlib.contextmanager
-    def _checkpointing(self, b: _Base) -> Iterator[None]:
+    def _checkpointing(self, b: LoadedBase) -> Iterator[None]:
         """Checkpoint ``b``'s decoder layers inside this block (a no-op when not armed)."""
         was = [layer.training for layer in b.ckpt_layers]
         for layer in b.ckpt_layers:
@@ -362,7 +360,7 @@ class TeamPolicy:
             for layer, w in zip(b.ckpt_layers, was, strict=True):
                 layer.training = w
 
-    def _index_adapters(self, b: _Base) -> None:
+    def _index_adapters(self, b: LoadedBase) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         b.tuner_layers = [m for m in b.model.modules() if isinstance(m, BaseTunerLayer)]
@@ -377,7 +375,7 @@ class TeamPolicy:
                         params.setdefault(adapter, []).extend(sub.parameters())
         b.adapter_params = params
 
-    def _setup_full(self, b: _Base, keep_reference: bool) -> None:
+    def _setup_full(self, b: LoadedBase, keep_reference: bool) -> None:
         if keep_reference:
             b.reference = copy.deepcopy(b.model).eval()
             for p in b.reference.parameters():
@@ -408,11 +406,26 @@ class TeamPolicy:
     # ------------------------------------------------------------------------------------
     # lookups
     # ------------------------------------------------------------------------------------
-    def _base(self, role: str) -> _Base:
+    def _base(self, role: str) -> LoadedBase:
         try:
             return self._base_of[role]
         except KeyError:
             raise KeyError(f"unknown role {role!r}; roles: {self.roles}") from None
+
+    def loaded_base(self, role: str) -> LoadedBase:
+        """The :class:`LoadedBase` that runs ``role`` (its model, tokenizer, adapters)."""
+        return self._base(role)
+
+    @property
+    def loaded_bases(self) -> list[LoadedBase]:
+        """Every distinct loaded base, in slot order."""
+        return list(self._bases)
+
+    def reference_model(self, role: str) -> nn.Module | None:
+        """The frozen copy of the initial weights under ``role`` (mode ``"full"`` with
+        ``full_reference=True``), else None (lora/shared: the reference is the base with
+        adapters disabled)."""
+        return self._base(role).reference
 
     def adapter_of(self, role: str) -> str | None:
         """The adapter name a role uses (None in full mode)."""
@@ -454,16 +467,22 @@ class TeamPolicy:
     # ------------------------------------------------------------------------------------
     # forward helpers
     # ------------------------------------------------------------------------------------
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The compute-dtype autocast for a forward (a no-op in fp32)."""
         # Any device: an explicit dtype='bf16'/'fp16' on CPU runs reduced precision too
         # (slow there; it is how the fp16 loss-scaling path is tested without a GPU).
         if self.compute_dtype in (torch.bfloat16, torch.float16):
             return torch.autocast(self.device.type, dtype=self.compute_dtype)
         return contextlib.nullcontext()
 
+    _autocast = autocast
+
     @contextlib.contextmanager
-    def _adapter(self, b: _Base, adapter: str | None, *, disabled: bool = False) -> Iterator[None]:
-        """Activate one adapter (or none) for plain forwards; restores the previous state."""
+    def use_adapter(self, where: str | LoadedBase, adapter: str | None, *, disabled: bool = False) -> Iterator[None]:
+        """Activate one adapter of a base (a role's base, or a :class:`LoadedBase`) for
+        plain forwards inside the block; ``adapter=None`` or ``disabled=True`` runs the
+        bare base. Restores the previous selection afterwards."""
+        b = self._base(where) if isinstance(where, str) else where
         saved = _tuner_state(b.tuner_layers)
         try:
             for layer in b.tuner_layers:
@@ -477,7 +496,7 @@ class TeamPolicy:
             _set_tuner_state(b.tuner_layers, saved)
 
     @contextlib.contextmanager
-    def _merged(self, b: _Base, adapter: str) -> Iterator[bool]:
+    def merged_adapter(self, b: LoadedBase, adapter: str) -> Iterator[bool]:
         """Fold ``adapter`` into the base weights for a no-grad decode; yields whether it did.
 
         A decode step of a 135M model on a CPU spends ~15% of its time in the LoRA side
@@ -502,274 +521,76 @@ class TeamPolicy:
                     w = layer.get_base_layer().weight
                     saved.append((w, w.data))
                     w.data = w.data + layer.get_delta_weight(adapter).to(w.dtype)
-            with self._adapter(b, None, disabled=True):
+            with self.use_adapter(b, None, disabled=True):
                 yield True
         finally:
             for w, data in saved:
                 w.data = data
 
-    @contextlib.contextmanager
-    def _mode(self, module: nn.Module, train: bool) -> Iterator[None]:
-        was = module.training
-        module.train(train)
-        try:
-            yield
-        finally:
-            module.train(was)
+    _merged = merged_adapter
 
     # ------------------------------------------------------------------------------------
-    # generation
+    # generation (delegated to the engine)
     # ------------------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenRequest], *, seed: int | None = None) -> list[GenResult]:
         """Generate one result per request (``n`` results for a request with ``n > 1``,
-        consecutively), batching all roles that share a base into one decode loop.
+        consecutively) with :attr:`engine`.
 
-        Identical prompts of the same adapter are prefilled once. A request whose
+        With the ``hf`` engine, all roles that share a base decode in one loop and
+        identical prompts of the same adapter are prefilled once. A request whose
         ``len(prompt) + max_new_tokens`` exceeds ``max_context`` gets
         ``finish_reason="context"`` and an empty action (counted in
         ``stats["context_overflow"]``); prompts are never truncated.
         """
-        gen = None
-        if seed is not None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
-        slots: list[tuple[int, GenRequest]] = []  # (output position, request with n=1)
-        pos = 0
-        for req in requests:
-            for _ in range(max(1, int(req.n))):
-                slots.append((pos, req))
-                pos += 1
-        results: list[GenResult | None] = [None] * pos
-        for b in self._bases:
-            mine = [(p, r) for p, r in slots if self._base(r.role) is b]
-            todo = []
-            for p, r in mine:
-                s = r.sampling
-                if len(r.prompt_ids) == 0:
-                    raise ValueError(f"empty prompt for role {r.role!r}")
-                if len(r.prompt_ids) + s.max_new_tokens > b.max_context:
-                    self.stats["context_overflow"] += 1
-                    results[p] = GenResult([], "", [], "context")
-                elif s.max_new_tokens == 0:
-                    results[p] = GenResult([], "", [], "length")
-                else:
-                    todo.append((p, r))
-            # keep identical prompts adjacent so a chunk prefills them once
-            todo.sort(key=lambda pr: (self._adapter_of[pr[1].role] or "", tuple(pr[1].prompt_ids)))
-            for start in range(0, len(todo), self.max_batch):
-                chunk = todo[start : start + self.max_batch]
-                for (p, _), res in zip(chunk, self._decode(b, [r for _, r in chunk], gen), strict=True):
-                    results[p] = res
-        return [r for r in results if r is not None]
+        return self.engine.generate(requests, seed=seed)
 
     def generate_groups(self, request: GenRequest, n: int, *, seed: int | None = None) -> list[GenResult]:
         """``n`` samples of one prompt (a GRPO group): one prefill, KV cache expanded to n rows."""
-        return self.generate([GenRequest(request.role, list(request.prompt_ids), request.sampling, n=n)], seed=seed)
-
-    @torch.no_grad()
-    def _decode(self, b: _Base, reqs: list[GenRequest], gen: torch.Generator | None) -> list[GenResult]:
-        dev = self.device
-        tok = b.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        # ---- unique prompts (per adapter) --------------------------------------------------
-        keys: dict[tuple[str | None, tuple[int, ...]], int] = {}
-        src = []
-        for r in reqs:
-            k = (self._adapter_of[r.role], tuple(r.prompt_ids))
-            src.append(keys.setdefault(k, len(keys)))
-        uniq = list(keys)
-        self.stats["prefill_shared"] += len(reqs) - len(uniq)
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        model = b.model
-        distinct = {self._adapter_of[r.role] for r in reqs}
-        only = next(iter(distinct)) if len(distinct) == 1 else None
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(self._mode(model, False))
-            stack.enter_context(self._autocast())
-            stack.enter_context(_decode_head(b.backbone_owner))
-            merged = only is not None and self.merge_for_decode and stack.enter_context(self._merged(b, only))
-            uniq_adapters = [None if merged else a for a, _ in uniq]
-            prompts = [list(p) for _, p in uniq]
-            run = functools.partial(self._forward, b, cache=cache)
-            logits, mask = self._prefill(run, cache, prompts, uniq_adapters, pad)
-            rows = torch.tensor(src, dtype=torch.long, device=dev)
-            if len(uniq) != len(reqs) or src != list(range(len(reqs))):
-                cache.batch_select_indices(rows)
-            logits = logits[rows]
-            mask = mask[rows]
-            next_pos = mask.sum(-1)  # position id of the next token
-            temp = torch.tensor([r.sampling.temperature for r in reqs], dtype=torch.float32, device=dev)
-            top_p = torch.tensor([r.sampling.top_p for r in reqs], dtype=torch.float32, device=dev)
-            greedy = torch.tensor([r.sampling.is_greedy for r in reqs], dtype=torch.bool, device=dev)
-            adapters = [None if merged else self._adapter_of[r.role] for r in reqs]
-            live = list(range(len(reqs)))  # request index of each batch row
-            out_ids: list[list[int]] = [[] for _ in reqs]
-            out_lp: list[list[float]] = [[] for _ in reqs]
-            finish: list[str] = ["length"] * len(reqs)
-            while True:
-                tokens, lps = sample_next(logits, temp, top_p, greedy, gen)
-                tl, ll = tokens.tolist(), lps.tolist()
-                keep: list[int] = []
-                for row, ri in enumerate(live):
-                    t = tl[row]
-                    out_ids[ri].append(t)
-                    out_lp[ri].append(ll[row])
-                    s = reqs[ri].sampling
-                    if t in b.eos_ids:
-                        finish[ri] = "eos"
-                    elif s.stop and self._hit_stop(tok, out_ids[ri], s.stop):
-                        finish[ri] = "stop"
-                    elif len(out_ids[ri]) >= s.max_new_tokens:
-                        finish[ri] = "length"
-                    else:
-                        keep.append(row)
-                self.stats["generated_tokens"] += len(live)
-                if not keep:
-                    break
-                if len(keep) != len(live):  # drop finished rows from the batch and its cache
-                    k = torch.tensor(keep, dtype=torch.long, device=dev)
-                    cache.batch_select_indices(k)
-                    mask, next_pos, tokens = mask[k], next_pos[k], tokens[k]
-                    temp, top_p, greedy = temp[k], top_p[k], greedy[k]
-                    live = [live[i] for i in keep]
-                    adapters = [adapters[i] for i in keep]
-                mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-                out = self._forward(b, ids=tokens[:, None], mask=mask, position=next_pos[:, None], cache=cache, adapters=adapters, keep=1)
-                logits = out.logits[:, -1]
-                next_pos = next_pos + 1
-        self.stats["requests"] += len(reqs)
-        return [
-            GenResult(out_ids[i], tok.decode(out_ids[i], skip_special_tokens=True), out_lp[i], finish[i])
-            for i in range(len(reqs))
-        ]
-
-    def _two_stage(
-        self,
-        run: Callable[..., Any],
-        cache: Any,
-        prompts: Sequence[Sequence[int]],
-        plan: PrefixPlan,
-        cluster_adapters: list[str | None],
-        row_adapters: list[str | None],
-        pad: int,
-        tail_ids: torch.Tensor | None = None,
-        tail_mask: torch.Tensor | None = None,
-        keep: int = 1,
-    ) -> tuple[Any, torch.Tensor]:
-        """Prefixes once per cluster, then each row's suffix (+ ``tail``) on their cache.
-
-        ``run(ids=, mask=, position=, adapters=, keep=)`` is one forward that extends
-        ``cache``. Returns the second forward's output and the attention mask of the
-        whole row (prefix, suffix, tail) for a continued decode.
-        """
-        dev = self.device
-        pid, pmask = plan.prefix_batch(prompts, pad)
-        pid, pmask = pid.to(dev), pmask.to(dev)
-        run(ids=pid, mask=pmask, position=(pmask.cumsum(-1) - 1).clamp_min(0), adapters=cluster_adapters, keep=1)
-        rows = torch.tensor(plan.cluster_of, dtype=torch.long, device=dev)
-        cache.batch_select_indices(rows)
-        sid, smask = plan.suffix_batch(prompts, pad)
-        cur, cur_mask = sid.to(dev), smask.to(dev)
-        if tail_ids is not None and tail_mask is not None:
-            cur, cur_mask = torch.cat([cur, tail_ids], 1), torch.cat([cur_mask, tail_mask], 1)
-        full = torch.cat([pmask[rows], cur_mask], 1)
-        position = (full.cumsum(-1) - 1).clamp_min(0)[:, pid.shape[1] :]
-        out = run(ids=cur, mask=full, position=position, adapters=row_adapters, keep=keep)
-        return out, full
-
-    def _prefill(
-        self, run: Callable[..., Any], cache: Any, prompts: list[list[int]], adapters: list[str | None], pad: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill ``prompts`` into ``cache``; ``(last-position logits [U, V], mask [U, W])``.
-
-        Prompts of one adapter that share a long prefix (an agent's system prompt and the
-        problem before its teammates' actions) run it once (:func:`plan_prefixes`).
-        """
-        plan = plan_prefixes(prompts, adapters) if self.share_prefixes else None
-        if plan is not None:
-            cluster_adapters = [adapters[r] for r in plan.first_row]
-            out, mask = self._two_stage(run, cache, prompts, plan, cluster_adapters, adapters, pad)
-            self.stats["prefill_tokens"] += plan.tokens(prompts)
-            self.stats["prefill_prefix_saved"] += sum(len(p) for p in prompts) - plan.tokens(prompts)
-            return out.logits[:, -1], mask
-        ids, mask = left_pad(prompts, pad)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        self.stats["prefill_tokens"] += int(mask.sum())
-        out = run(ids=ids, mask=mask, position=(mask.cumsum(-1) - 1).clamp_min(0), adapters=adapters, keep=1)
-        return out.logits[:, -1], mask
-
-    def _forward(
-        self,
-        b: _Base,
-        *,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        position: torch.Tensor,
-        cache: Any,
-        adapters: list[str | None],
-        keep: int,
-    ) -> Any:
-        """One forward with per-row adapters (peft mixed batch only when rows differ)."""
-        kwargs: dict[str, Any] = dict(
-            input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=keep
-        )
-        if self.mode == "full":
-            return b.model(**kwargs)
-        distinct = set(adapters)
-        if len(distinct) == 1:
-            (only,) = distinct
-            with self._adapter(b, only):
-                return b.model(**kwargs)
-        names = [a if a is not None else "__base__" for a in adapters]
-        return b.model(**kwargs, adapter_names=names)
-
-    @staticmethod
-    def _hit_stop(tok: Any, ids: list[int], stops: list[str]) -> bool:
-        """Does the decoded tail of ``ids`` contain a stop string?
-
-        Checked after every token, so the first hit is completed by the last token. The
-        tail is long enough for any stop string (a character is at most 4 byte tokens).
-        """
-        longest = max(len(s) for s in stops)
-        tail = tok.decode(ids[-(4 * longest + 4) :], skip_special_tokens=True)
-        return any(s in tail for s in stops)
+        return self.engine.generate_groups(request, n, seed=seed)
 
     # ------------------------------------------------------------------------------------
     # training-time log-probs
     # ------------------------------------------------------------------------------------
-    def _layout(
-        self, b: _Base, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
-        """Left-padded prompts followed by right-padded responses (same layout as decoding).
+    def layout(self, role: str, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> Layout:
+        """``prompt + response`` rows of ``role`` as a :class:`~marft_algos.models.layout.Layout`
+        (prompts left-padded with its tokenizer's pad id, responses right-padded; the
+        layout of decoding), on the policy's device."""
+        tok = self._base(role).tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        return build_layout(prompt_ids, response_ids, pad_id=pad, device=self.device)
 
-        Returns ``(ids, attention_mask, position_ids, response [B,R], response_mask [B,R], P, R)``
-        where ``ids`` is the full ``[B, P+R]`` row; response token j of a row sits at column
-        ``P + j`` and is predicted from column ``P + j - 1``.
+    def hidden_states(
+        self,
+        role: str,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        adapter: str | None = None,
+    ) -> torch.Tensor:
+        """Last-layer hidden states ``[B, L, H]`` (no lm_head) of ``role``'s base.
+
+        ``adapter=None``: the untrained base, without grad: in lora/shared mode the base
+        with every adapter disabled, in full mode the frozen initial copy (or the shared
+        model itself without ``full_reference``). ``adapter="name"`` (lora/shared): that
+        adapter (e.g. the critic's, see :meth:`add_adapter`) is active and the forward
+        keeps grad. Runs under the policy's autocast.
         """
-        if len(prompt_ids) != len(response_ids):
-            raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("every prompt needs at least one token")
-        pad = b.tokenizer.pad_token_id if b.tokenizer.pad_token_id is not None else 0
-        n = len(prompt_ids)
-        plen = max(len(p) for p in prompt_ids)
-        rlen = max((len(r) for r in response_ids), default=0)
-        ids = torch.full((n, plen + rlen), pad, dtype=torch.long)
-        att = torch.zeros((n, plen + rlen), dtype=torch.long)
-        resp = torch.zeros((n, rlen), dtype=torch.long)
-        rmask = torch.zeros((n, rlen), dtype=torch.float32)
-        for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
-            ids[i, plen - len(p) : plen] = torch.as_tensor(list(p), dtype=torch.long)
-            att[i, plen - len(p) : plen + len(r)] = 1
-            if len(r):
-                ids[i, plen : plen + len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-                resp[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-                rmask[i, : len(r)] = 1.0  # from lengths: EOS == pad stays in the mask
-        pos = (att.cumsum(-1) - 1).clamp_min(0)
-        dev = self.device
-        return ids.to(dev), att.to(dev), pos.to(dev), resp.to(dev), rmask.to(dev), plen, rlen
+        b = self._base(role)
+        if self.mode == "full" and adapter is not None:
+            raise ValueError("mode='full' has no adapters: call hidden_states with adapter=None")
+        owner = (b.reference if b.reference is not None else b.backbone_owner) if self.mode == "full" else b.backbone_owner
+        backbone = getattr(owner, owner.base_model_prefix)
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        with self.autocast():
+            if self.mode == "full":
+                with torch.no_grad():
+                    return backbone(**kwargs).last_hidden_state
+            if adapter is not None:
+                with self.use_adapter(b, adapter):
+                    return backbone(**kwargs).last_hidden_state
+            with torch.no_grad(), self.use_adapter(b, None, disabled=True):
+                return backbone(**kwargs).last_hidden_state
 
     def sequence_logprobs(
         self,
@@ -801,7 +622,7 @@ class TeamPolicy:
             distribution is ``softmax(logits / temperature)`` (matches sampling).
         """
         b = self._base(role)
-        ids, att, pos, resp, rmask, plen, rlen = self._layout(b, prompt_ids, response_ids)
+        ids, att, pos, resp, rmask, plen, rlen = self.layout(role, prompt_ids, response_ids)
         n = ids.shape[0]
         if rlen == 0:
             z = torch.zeros((n, 0), device=self.device)
@@ -809,21 +630,21 @@ class TeamPolicy:
         stack = contextlib.ExitStack()
         if reference:
             stack.enter_context(torch.no_grad())
-            stack.enter_context(self._autocast())
+            stack.enter_context(self.autocast())
             if self.mode == "full":
                 if b.reference is None:
                     raise ValueError("reference=True in mode='full' needs full_reference=True")
                 model = b.reference
             else:
                 model = b.model
-                stack.enter_context(self._adapter(b, None, disabled=True))
-                stack.enter_context(self._mode(b.model, False))
+                stack.enter_context(self.use_adapter(b, None, disabled=True))
+                stack.enter_context(train_mode(b.model, False))
         else:
             model = b.model
-            stack.enter_context(self._autocast())
-            stack.enter_context(self._mode(b.model, dropout))
+            stack.enter_context(self.autocast())
+            stack.enter_context(train_mode(b.model, dropout))
             if self.mode != "full":
-                stack.enter_context(self._adapter(b, self._adapter_of[role]))
+                stack.enter_context(self.use_adapter(b, self._adapter_of[role]))
         # (with dropout on, a recomputed layer would draw new masks: no checkpointing)
         checkpointed = bool(b.ckpt_layers) and not reference and not dropout and torch.is_grad_enabled()
         if checkpointed:
@@ -845,7 +666,9 @@ class TeamPolicy:
                 # response tokens follow the left-padded suffixes; the last input column is
                 # dropped (nothing to predict after it), as in the one-stage layout
                 tail_ids, tail_mask = resp[:, :-1], (rmask[:, :-1] > 0).long()
-                out, _ = self._two_stage(run, cache, prompt_ids, plan, [None] * plan.num_clusters, [None] * n, pad, tail_ids, tail_mask, keep=rlen)
+                out, _ = two_stage_forward(
+                    run, cache, prompt_ids, plan, [None] * plan.num_clusters, [None] * n, pad, self.device, tail_ids, tail_mask, keep=rlen
+                )
                 logits = out.logits
                 self.stats["train_prefix_saved"] += sum(len(p) for p in prompt_ids) - plan.tokens(prompt_ids)
         logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -920,7 +743,7 @@ class TeamPolicy:
     # ------------------------------------------------------------------------------------
     # persistence
     # ------------------------------------------------------------------------------------
-    def _adapter_dirname(self, b: _Base, name: str) -> str:
+    def _adapter_dirname(self, b: LoadedBase, name: str) -> str:
         return name if len(self._bases) == 1 else f"base{b.slot}-{name}"
 
     def save(self, directory: str | os.PathLike[str]) -> Path:

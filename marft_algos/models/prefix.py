@@ -6,19 +6,22 @@ before the (row-specific) actions of its predecessors. Running the shared prefix
 and continuing each row from its key/value cache gives the same log-probs (the same
 attention inputs; only float summation order differs) for a fraction of the tokens.
 
-:func:`plan_prefixes` groups rows into clusters with a common prefix; the two-stage
-forward (prefix per cluster, then each row's suffix on the cluster's cache) is run by
-:class:`~marft_algos.models.policy.TeamPolicy` for prefills and training log-probs.
+:func:`plan_prefixes` groups rows into clusters with a common prefix;
+:func:`two_stage_forward` runs the prefix per cluster, then each row's suffix on the
+cluster's cache: for prefills in the ``hf`` generation engine
+(:mod:`marft_algos.engines.hf`) and for training log-probs in
+:meth:`~marft_algos.models.policy.TeamPolicy.sequence_logprobs`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["PrefixPlan", "left_pad", "plan_prefixes"]
+__all__ = ["PrefixPlan", "left_pad", "plan_prefixes", "two_stage_forward"]
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,3 +134,37 @@ def plan_prefixes(
     if total - plan.tokens(prompts) < min_saving * total:
         return None
     return plan
+
+
+def two_stage_forward(
+    run: Callable[..., Any],
+    cache: Any,
+    prompts: Sequence[Sequence[int]],
+    plan: PrefixPlan,
+    cluster_adapters: list[str | None],
+    row_adapters: list[str | None],
+    pad: int,
+    device: torch.device,
+    tail_ids: torch.Tensor | None = None,
+    tail_mask: torch.Tensor | None = None,
+    keep: int = 1,
+) -> tuple[Any, torch.Tensor]:
+    """Prefixes once per cluster, then each row's suffix (+ ``tail``) on their cache.
+
+    ``run(ids=, mask=, position=, adapters=, keep=)`` is one forward that extends
+    ``cache``. Returns the second forward's output and the attention mask of the
+    whole row (prefix, suffix, tail) for a continued decode.
+    """
+    pid, pmask = plan.prefix_batch(prompts, pad)
+    pid, pmask = pid.to(device), pmask.to(device)
+    run(ids=pid, mask=pmask, position=(pmask.cumsum(-1) - 1).clamp_min(0), adapters=cluster_adapters, keep=1)
+    rows = torch.tensor(plan.cluster_of, dtype=torch.long, device=device)
+    cache.batch_select_indices(rows)
+    sid, smask = plan.suffix_batch(prompts, pad)
+    cur, cur_mask = sid.to(device), smask.to(device)
+    if tail_ids is not None and tail_mask is not None:
+        cur, cur_mask = torch.cat([cur, tail_ids], 1), torch.cat([cur_mask, tail_mask], 1)
+    full = torch.cat([pmask[rows], cur_mask], 1)
+    position = (full.cumsum(-1) - 1).clamp_min(0)[:, pid.shape[1] :]
+    out = run(ids=cur, mask=full, position=position, adapters=row_adapters, keep=keep)
+    return out, full

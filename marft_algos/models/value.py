@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from marft_algos.models.layout import Layout, build_layout
 from marft_algos.models.policy import LoraSettings, TeamPolicy
 
 __all__ = ["ValueHead", "ValueModel"]
@@ -120,7 +121,7 @@ class ValueModel:
             return self._model
         assert role is not None
         if self.policy.mode == "full":
-            ref = self.policy._base(role).reference
+            ref = self.policy.reference_model(role)
             return ref if ref is not None else self.policy.base_model(role)
         return self.policy.base_model(role)
 
@@ -134,7 +135,7 @@ class ValueModel:
         if self.per_agent:
             assert role is not None
             return role
-        slot = self.policy._base(role).slot if (self.policy is not None and role is not None) else 0
+        slot = self.policy.loaded_base(role).slot if (self.policy is not None and role is not None) else 0
         return _SHARED if slot == 0 else f"{_SHARED}-base{slot}"
 
     def head(self, role: str) -> ValueHead:
@@ -152,35 +153,22 @@ class ValueModel:
         return self.trainable_parameters(None)
 
     # ------------------------------------------------------------------------------------
-    def _hidden(self, role: str, ids: torch.Tensor, att: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Last-layer hidden states ``[B, L, H]`` of the critic's base (no lm_head)."""
+    def hidden_states(self, role: str, ids: torch.Tensor, att: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Last-layer hidden states ``[B, L, H]`` of the critic's base (no lm_head): the
+        frozen base without grad, or the base with the critic adapter (with grad)."""
+        if self.policy is not None:
+            return self.policy.hidden_states(role, ids, att, pos, adapter=self.critic_adapter)
         owner = self._owner(role)
         backbone = getattr(owner, owner.base_model_prefix)
-        kwargs = dict(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False)
-        if self.policy is None:
-            with torch.no_grad():
-                return backbone(**kwargs).last_hidden_state
-        pol = self.policy
-        b = pol._base(role)
-        with pol._autocast():
-            if pol.mode == "full":
-                with torch.no_grad():
-                    return backbone(**kwargs).last_hidden_state
-            if self.critic_adapter is not None:
-                with pol._adapter(b, self.critic_adapter):
-                    return backbone(**kwargs).last_hidden_state
-            with torch.no_grad(), pol._adapter(b, None, disabled=True):
-                return backbone(**kwargs).last_hidden_state
+        with torch.no_grad():
+            return backbone(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).last_hidden_state
 
-    def _layout(self, role: str, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> Any:
+    def layout(self, role: str, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> Layout:
+        """``prompt + response`` rows as a :class:`~marft_algos.models.layout.Layout` (the
+        policy's layout of ``role``; pad id 0 for a standalone critic)."""
         if self.policy is not None:
-            return self.policy._layout(self.policy._base(role), prompts, responses)
-        # standalone: borrow the layout logic without a policy
-        from types import SimpleNamespace
-
-        shim = SimpleNamespace(device=self.device)
-        tok = SimpleNamespace(pad_token_id=0)
-        return TeamPolicy._layout(shim, SimpleNamespace(tokenizer=tok), prompts, responses)  # type: ignore[arg-type]
+            return self.policy.layout(role, prompts, responses)
+        return build_layout(prompts, responses, pad_id=0, device=self.device)
 
     def values(
         self,
@@ -195,17 +183,17 @@ class ValueModel:
             if response_ids is None:
                 raise ValueError("token_level=True needs response_ids")
             return self.token_values(role, prompt_ids, response_ids)
-        ids, att, pos, _, _, plen, _ = self._layout(role, prompt_ids, [[] for _ in prompt_ids])
-        h = self._hidden(role, ids, att, pos)[:, plen - 1]
+        ids, att, pos, _, _, plen, _ = self.layout(role, prompt_ids, [[] for _ in prompt_ids])
+        h = self.hidden_states(role, ids, att, pos)[:, plen - 1]
         return self.head(role)(h)
 
     def token_values(self, role: str, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """Per-token values ``[B, T]``: entry j is the value before response token j (from
         the hidden state at the position preceding it); zero past each response's end."""
-        ids, att, pos, _, rmask, plen, rlen = self._layout(role, prompt_ids, response_ids)
+        ids, att, pos, _, rmask, plen, rlen = self.layout(role, prompt_ids, response_ids)
         if rlen == 0:
             return torch.zeros((len(prompt_ids), 0), device=self.device)
-        h = self._hidden(role, ids[:, :-1], att[:, :-1], pos[:, :-1])[:, plen - 1 : plen - 1 + rlen]
+        h = self.hidden_states(role, ids[:, :-1], att[:, :-1], pos[:, :-1])[:, plen - 1 : plen - 1 + rlen]
         return self.head(role)(h) * rmask
 
     __call__ = values

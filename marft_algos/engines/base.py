@@ -1,0 +1,92 @@
+"""The generation-engine interface: what a rollout engine must implement.
+
+A trainer or collector talks to an engine in three moves:
+
+1. :meth:`GenerationEngine.generate` a batch of requests. A request
+   (:class:`~marft_algos.models.sampling.GenRequest`) carries the role (which picks the
+   base model and the role's adapter), the prompt token ids, the sampling settings
+   (:class:`~marft_algos.models.sampling.SamplingParams`) and a sample count ``n``; a
+   result (:class:`~marft_algos.models.sampling.GenResult`) carries the sampled token
+   ids, the per-token log-probs, the decoded text and a finish reason.
+2. After an update, push the new weights: :meth:`GenerationEngine.set_adapter_weights`
+   for one role, or :meth:`GenerationEngine.sync_weights` to take every role's current
+   weights from the policy.
+3. Around the update, :meth:`GenerationEngine.sleep` / :meth:`GenerationEngine.wake_up`
+   release and reacquire the engine's memory (KV cache, a second copy of the weights).
+
+The exactness contract: ``result.token_ids`` are the tokens that were sampled (EOS
+included; cut after the token that completes a stop string), and
+``result.logprobs[j]`` is the log-prob of ``token_ids[j]`` under
+``log_softmax(logits / temperature)`` of the weights the engine sampled with, the number
+:meth:`~marft_algos.models.policy.TeamPolicy.sequence_logprobs` recomputes for the same
+prompt, ids and temperature (up to float rounding). PPO ratios are taken between the
+two, so an engine that cannot meet it must say so and by how much.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from marft_algos.models.sampling import FinishReason, GenRequest, GenResult, SamplingParams
+
+if TYPE_CHECKING:
+    from marft_algos.models.policy import TeamPolicy
+
+__all__ = ["FinishReason", "GenRequest", "GenResult", "GenerationEngine", "SamplingParams"]
+
+
+class GenerationEngine(abc.ABC):
+    """A rollout engine bound to one :class:`~marft_algos.models.policy.TeamPolicy`.
+
+    Subclasses implement :meth:`generate` and :meth:`set_adapter_weights`; the other
+    methods have defaults that fit an engine sharing the policy's weights in memory.
+    An engine is built as ``engine_class(policy, **options)`` (see
+    :func:`marft_algos.engines.get_engine`).
+
+    Args:
+        policy: the team policy whose roles, adapters and tokenizers the engine serves.
+    """
+
+    #: the registry name of the engine (``"hf"``, ...)
+    name: str = ""
+
+    def __init__(self, policy: TeamPolicy) -> None:
+        self.policy = policy
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[GenRequest], *, seed: int | None = None) -> list[GenResult]:
+        """One result per request (``n`` consecutive results for a request with ``n > 1``),
+        in request order. ``seed`` makes the draws reproducible."""
+
+    def generate_groups(self, request: GenRequest, n: int, *, seed: int | None = None) -> list[GenResult]:
+        """``n`` samples of one prompt (a GRPO group)."""
+        return self.generate([GenRequest(request.role, list(request.prompt_ids), request.sampling, n=n)], seed=seed)
+
+    @abc.abstractmethod
+    def set_adapter_weights(self, role: str, state: Mapping[str, torch.Tensor]) -> None:
+        """Sample ``role`` from these trainable weights from now on (the keys of
+        :meth:`TeamPolicy.adapter_state_dict`)."""
+
+    def sync_weights(self) -> None:  # noqa: B027 (an intentional no-op default, not a missing abstractmethod)
+        """Take every role's current weights from the policy (after an update).
+
+        The default does nothing: right for an engine that reads the policy's own
+        parameter tensors."""
+
+    def sleep(self) -> None:  # noqa: B027 (an intentional no-op default, not a missing abstractmethod)
+        """Release memory the engine holds between rollouts (before the update).
+
+        The default does nothing."""
+
+    def wake_up(self) -> None:  # noqa: B027 (an intentional no-op default, not a missing abstractmethod)
+        """Reacquire what :meth:`sleep` released (before the next rollout).
+
+        The default does nothing."""
+
+    def describe(self) -> dict[str, Any]:
+        """A short summary for logs: the engine's name and settings."""
+        return {"engine": self.name}
