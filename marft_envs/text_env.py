@@ -124,6 +124,9 @@ _GRADE_FLAG_STATS = {
 }
 
 
+_SPECIAL_TOKEN_RE = re.compile(r"<\|[^|<>\s]{1,64}\|>")
+
+
 def sanitize_action(action: Any, max_chars: int) -> tuple[str, list[str]]:
     """``(text, flags)``: any action made into a string of at most ``max_chars`` characters."""
     flags: list[str] = []
@@ -381,6 +384,10 @@ class TextTeamEnv(AECEnv):
         text, flags = sanitize_action(action, self.max_action_chars)
         if flags:
             self.stats["bad_actions"] += 1
+        if _SPECIAL_TOKEN_RE.search(text):
+            # Chat-template markers in a reply: kept as text (policies encode contents
+            # literally, marft_algos.models.chat) but flagged: a forged turn is an attack.
+            flags.append("special_tokens_in_action")
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
         self._executed.append((agent, text))

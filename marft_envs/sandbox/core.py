@@ -220,16 +220,21 @@ def _describe(level: str) -> dict[str, str]:
     plan = _cgroup_plan()
     uid = _sandbox_uid(level)
     ll = _landlock_abi()
+    view = "empty root: interpreter and stdlib read-only (no site-packages), "
     if level == "bwrap":
-        net, fs = "empty network namespace", "read-only bind of /, private /tmp, work dir writable"
+        net, fs = "empty network namespace", view + "private /tmp, work dir writable"
         user = "user namespace, all capabilities dropped"
     elif level == "unshare-net":
-        net, fs = "empty network namespace", "read-only remount of /, work dir writable"
+        net, fs = "empty network namespace", view + "private /tmp, work dir writable (chroot)"
         user = "user namespace, all capabilities dropped"
     else:
         net = "seccomp: only AF_UNIX sockets"
-        fs = ("Landlock: writes only in the work dir" if ll else
-              "file permissions only (no Landlock in this kernel)")
+        fs = ("Landlock: writes only in the work dir, reads only in the interpreter's "
+              "stdlib view and the work dir" if ll else
+              "file permissions only (no Landlock in this kernel): world-readable files, "
+              "data sets included, stay readable")
+    if _drops_uid(level) and level != "rlimits+socket-block":
+        user = f"uid {uid} (dropped from root), own pid namespace, no capabilities"
         user = (f"uid {uid} (dropped from root; grader made non-dumpable)" if _drops_uid(level)
                 else f"uid {uid} (grader made non-dumpable)")
     nproc = plan.where("pids")
