@@ -39,7 +39,9 @@ enormous (truncated to ``max_action_chars``), binary-looking (control
 characters removed) or invalid Unicode (lone surrogates replaced) actions are
 sanitized and flagged in ``infos[agent]["flags"]``; an ungradable answer is
 wrong (reward from the outcome term 0). Dead agents must step ``None``
-(PettingZoo's rule; anything else raises ``ValueError``).
+(PettingZoo's rule; anything else raises ``ValueError``). A reply holding chat
+markers such as ``<|im_start|>`` is kept as text (policies encode teammates' text
+literally) and flagged ``special_tokens_in_action``: it may be a forged turn.
 
 **Optional task hook.** A task may define ``grade_turn(executed, answer_agent,
 problem) -> GradeResult`` to grade the whole turn instead of the answering
