@@ -233,10 +233,10 @@ def _describe(level: str) -> dict[str, str]:
               "stdlib view and the work dir" if ll else
               "file permissions only (no Landlock in this kernel): world-readable files, "
               "data sets included, stay readable")
-    if _drops_uid(level) and level != "rlimits+socket-block":
-        user = f"uid {uid} (dropped from root), own pid namespace, no capabilities"
         user = (f"uid {uid} (dropped from root; grader made non-dumpable)" if _drops_uid(level)
                 else f"uid {uid} (grader made non-dumpable)")
+    if _drops_uid(level) and level != "rlimits+socket-block":
+        user = f"uid {uid} (dropped from root), own pid namespace, no capabilities"
     nproc = plan.where("pids")
     if nproc is None:
         why = "; ".join(n for n in plan.notes if n.startswith("pids")) or "no writable pids cgroup"
