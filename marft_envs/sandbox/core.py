@@ -397,7 +397,9 @@ class _Capture:
 def _limits(timeout: float, memory_mb: int | None, cpu_seconds: float | None,
             max_file_mb: int | None, max_processes: int | None, level: str) -> dict:
     nproc = max_processes
-    if nproc is not None and (level == "rlimits+socket-block" or _drops_uid(level)):
+    if nproc is not None and _cgroup_plan().where("pids") is not None:
+        nproc = None  # the run's own pids cgroup caps it exactly; no /proc scan per run
+    elif nproc is not None and (level == "rlimits+socket-block" or _drops_uid(level)):
         # No user namespace: NPROC counts every task of the sandbox's uid on the host.
         nproc += _tasks_of_uid(_sandbox_uid(level))
     cpu = cpu_seconds if cpu_seconds is not None else math.ceil(timeout) + 1
