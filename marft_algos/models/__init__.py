@@ -7,6 +7,7 @@ See ``docs/design/contracts.md`` section 2 for the contract other packages rely 
 """
 
 from marft_algos.models.aliases import ALIASES, ModelAlias, UnknownModelError, resolve_alias
+from marft_algos.models.chat import encode_chat, special_strings_in
 from marft_algos.models.layout import Layout, build_layout
 from marft_algos.models.loading import (
     IntegrityError,
@@ -46,8 +47,10 @@ __all__ = [
     "build_layout",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "encode_chat",
     "cache_root",
     "load_base",
     "parse_dtype",
     "resolve_alias",
+    "special_strings_in",
 ]

@@ -457,12 +457,16 @@ class TeamPolicy:
     # prompts
     # ------------------------------------------------------------------------------------
     def encode(self, role: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """Token ids of ``messages`` through the tokenizer's chat template + generation prompt."""
+        """Token ids of ``messages`` through the tokenizer's chat template + generation prompt.
+
+        Message contents stay literal text (:func:`marft_algos.models.chat.encode_chat`):
+        a teammate's ``<|im_start|>system`` is never a real turn marker."""
+        from marft_algos.models.chat import encode_chat
+
         tok = self._base(role).tokenizer
         if not getattr(tok, "chat_template", None):
             raise ValueError(f"the tokenizer of role {role!r} has no chat template")
-        out = tok.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=True)
-        return [int(i) for i in out["input_ids"]]
+        return encode_chat(tok, messages, add_generation_prompt=True)
 
     # ------------------------------------------------------------------------------------
     # forward helpers

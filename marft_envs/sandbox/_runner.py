@@ -205,6 +205,10 @@ _SYSCALLS = {  # name -> (x86_64, aarch64)
     "setsid": (112, 157),
     "setpgid": (109, 154),
     "mount_setattr": (442, 442),
+    "shmget": (29, 194),
+    "semget": (64, 190),
+    "msgget": (68, 186),
+    "mq_open": (240, 180),
 }
 _ARCH = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}
 
@@ -215,10 +219,11 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def install_seccomp(block_setsid: bool) -> None:
+def install_seccomp(block_setsid: bool, block_ipc: bool = False) -> None:
     """Kernel-enforced: only AF_UNIX sockets; no signals to other processes, no
     ptrace/process_vm/pidfd/io_uring/bpf; optionally no setsid/setpgid (so the
-    process group that the grader kills holds every descendant)."""
+    process group that the grader kills holds every descendant) and no SysV/POSIX
+    IPC objects (``block_ipc``: without an IPC namespace they would outlive the run)."""
     import ctypes
 
     machine = os.uname().machine
@@ -234,6 +239,8 @@ def install_seccomp(block_setsid: bool) -> None:
             "pidfd_send_signal", "pidfd_getfd", "io_uring_setup", "bpf", "mount_setattr"]
     if block_setsid:
         deny += ["setsid", "setpgid"]
+    if block_ipc:
+        deny += ["shmget", "semget", "msgget", "mq_open"]
     pid_checked = ["kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"]
     # (code, jt_label, jf_label, k); labels resolved to relative offsets below
     prog: list[tuple] = [("ld", LD, None, None, 4),
@@ -275,30 +282,73 @@ def install_seccomp(block_setsid: bool) -> None:
         raise OSError(ctypes.get_errno(), "seccomp filter refused")
 
 
-def readonly_root(workdir: str) -> None:
-    """In a private mount namespace: everything read-only except ``workdir``."""
+class _MountAttr:  # filled lazily: ctypes is imported inside the functions
+    cls = None
+
+
+def _setattr(path: str, attr_set: int, attr_clr: int, recursive: bool) -> None:
+    """``mount_setattr`` on the mount at ``path`` (and its submounts if ``recursive``)."""
+    import ctypes
+
+    if _MountAttr.cls is None:
+        class MountAttr(ctypes.Structure):
+            _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                        ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+        _MountAttr.cls = MountAttr
+    nr = _SYSCALLS["mount_setattr"][_ARCH[os.uname().machine][0]]
+    attr = _MountAttr.cls(attr_set, attr_clr, 0, 0)
+    if _libc().syscall(nr, -100, path.encode(), 0x8000 if recursive else 0,
+                       ctypes.byref(attr), 32) != 0:
+        raise OSError(ctypes.get_errno(), f"mount_setattr {path}")
+
+
+def new_root(workdir: str, spec: dict) -> None:
+    """In a private mount namespace: build an empty root holding only ``spec["roots"]``
+    (read-only), the work dir (writable), a private /tmp, /dev and /proc; cover the
+    package dirs ``spec["hidden"]`` with empty tmpfs; chroot into it. Test data and
+    data sets elsewhere on the host (site-packages, a checkout, a data dir) are gone."""
     import ctypes
 
     libc = _libc()
-    MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+    RDONLY, NOSUID, NODEV, BIND, REC, PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
+    at = spec["at"]
+    size = int(spec.get("tmpfs_bytes") or 64 << 20)
 
-    def check(rc: int, what: str) -> None:
+    def mount(src, dst: str, fstype, flags: int, data: str | None = None) -> None:
+        rc = libc.mount(None if src is None else src.encode(), dst.encode(),
+                        None if fstype is None else fstype.encode(), flags,
+                        None if data is None else data.encode())
         if rc != 0:
-            raise OSError(ctypes.get_errno(), what)
+            raise OSError(ctypes.get_errno(), f"mount {src} on {dst}")
 
-    check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    wd = workdir.encode()
-    check(libc.mount(wd, wd, None, MS_BIND | MS_REC, None), "bind workdir")
+    def inside(p: str) -> str:
+        q = at + p
+        os.makedirs(q, exist_ok=True)
+        return q
 
-    class MountAttr(ctypes.Structure):
-        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-    nr = _SYSCALLS["mount_setattr"][_ARCH[os.uname().machine][0]]
-    ro = MountAttr(1 | 2, 0, 0, 0)  # MOUNT_ATTR_RDONLY | NOSUID
-    check(libc.syscall(nr, -100, b"/", 0x8000, ctypes.byref(ro), 32), "read-only /")
-    rw = MountAttr(0, 1, 0, 0)
-    check(libc.syscall(nr, -100, wd, 0, ctypes.byref(rw), 32), "writable workdir")
+    mount(None, "/", None, REC | PRIVATE)
+    mount("tmpfs", at, "tmpfs", NOSUID | NODEV, "mode=0755,size=1m")
+    for r in spec["roots"]:
+        mount(r, inside(r), None, BIND | REC)
+        _setattr(at + r, 1 | 2, 0, recursive=True)  # MOUNT_ATTR_RDONLY | NOSUID
+    for link, target in spec.get("links", []):
+        os.symlink(target, at + link)
+    for h in spec.get("hidden", []):
+        if os.path.isdir(at + h):
+            mount("tmpfs", at + h, "tmpfs", RDONLY | NOSUID | NODEV, "mode=0755,size=4k")
+    mount("tmpfs", inside("/tmp"), "tmpfs", NOSUID | NODEV, f"mode=1777,size={size}")
+    mount(workdir, inside(workdir), None, BIND)
+    mount("/proc", inside("/proc"), None, BIND | REC)
+    mount("tmpfs", inside("/dev"), "tmpfs", NOSUID, f"mode=0755,size={size}")
+    for dev in ("null", "zero", "full", "random", "urandom"):
+        open(at + "/dev/" + dev, "w").close()
+        mount("/dev/" + dev, at + "/dev/" + dev, None, BIND)
+    os.mkdir(at + "/dev/shm", 0o1777)
+    os.chmod(at + "/dev/shm", 0o1777)
+    os.symlink("/proc/self/fd", at + "/dev/fd")
+    _setattr(at, 1 | 2, 0, recursive=False)  # the skeleton itself is read-only
+    os.chroot(at)
+    os.chdir(workdir)
 
 
 def _drop_bounding_set(libc: ctypes.CDLL) -> None:  # noqa: F821  (ctypes is imported lazily)
@@ -375,16 +425,21 @@ def _moved_path(path: str, moved: dict[str, str]) -> str:
     return path
 
 
-# Landlock filesystem rights (uapi/linux/landlock.h); reads stay governed by permissions.
+# Landlock filesystem rights (uapi/linux/landlock.h).
+_LL_EXECUTE, _LL_READ_FILE, _LL_READ_DIR = 1 << 0, 1 << 2, 1 << 3
 _LL_WRITE_FILE, _LL_TRUNCATE = 1 << 1, 1 << 14
 _LL_DIR_WRITES = sum(1 << b for b in range(4, 13))  # remove_*, make_* (ABI 1)
 _LL_REFER = 1 << 13  # ABI 2
 
 
-def landlock_workdir(workdir: str) -> bool:
+def landlock_workdir(workdir: str, reads: list | None = None) -> bool:
     """Kernel-enforced (Landlock, Linux >= 5.13, no privileges needed): writes, creates,
     deletes and renames only beneath ``workdir`` (and writes to /dev/null), even in
-    world-writable places such as /tmp that a uid drop leaves open. It does not hide
+    world-writable places such as /tmp that a uid drop leaves open. With ``reads``
+    (``[path, kind]``, kind ``"tree"``: read anything beneath, ``"list"``: list
+    directories only, ``"file"``: read that file), reads and executes are confined to
+    those paths and the work dir too: the interpreter's stdlib stays readable, data
+    sets in site-packages or elsewhere do not. It does not hide
     ``/proc/<pid>/environ`` (measured): the uid drop and a non-dumpable grader do that.
     False (nothing done) where the kernel lacks Landlock."""
     import ctypes
@@ -398,6 +453,16 @@ def landlock_workdir(workdir: str) -> bool:
         handled |= _LL_REFER
     if abi >= 3:
         handled |= _LL_TRUNCATE
+    read_file = _LL_READ_FILE | _LL_EXECUTE
+    rules: list[tuple[str, int]] = [
+        (workdir, handled), ("/dev/null", handled & (_LL_WRITE_FILE | _LL_TRUNCATE))]
+    if reads is not None:
+        handled |= read_file | _LL_READ_DIR
+        rules = [(workdir, handled),
+                 ("/dev/null", _LL_READ_FILE | (handled & (_LL_WRITE_FILE | _LL_TRUNCATE)))]
+        rules += [(d, _LL_READ_FILE) for d in ("/dev/zero", "/dev/urandom", "/dev/random")]
+        kinds = {"tree": read_file | _LL_READ_DIR, "list": _LL_READ_DIR, "file": read_file}
+        rules += [(str(path), kinds[kind]) for path, kind in reads]
 
     class PathBeneath(ctypes.Structure):
         _pack_ = 1
@@ -408,9 +473,11 @@ def landlock_workdir(workdir: str) -> bool:
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
-        for path, access in ((workdir, handled),
-                             ("/dev/null", handled & (_LL_WRITE_FILE | _LL_TRUNCATE))):
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for path, access in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # e.g. no /dev/random in a minimal container
             try:
                 rule = PathBeneath(access, fd)
                 if libc.syscall(445, ruleset, 1, ctypes.byref(rule), 0) != 0:
@@ -464,17 +531,18 @@ def stub_main(cfg: dict) -> None:
         import ctypes  # noqa: F401 - imported before any privilege drop can hide them
         import resource  # noqa: F401
 
-        if cfg.get("readonly"):
-            readonly_root(cfg["workdir"])
+        if cfg.get("new_root"):
+            new_root(cfg["workdir"], cfg["new_root"])
         if cfg.get("drop_caps"):
             drop_capabilities()
+        if cfg.get("landlock"):  # before the uid drop: its rules open paths under /root
+            landlock_workdir(cfg["workdir"], cfg["landlock"].get("reads"))
         if cfg.get("drop_to"):
             keep += drop_to_user(cfg["workdir"], *cfg["drop_to"])
-        if cfg.get("landlock"):
-            landlock_workdir(cfg["workdir"])
         set_limits(cfg["limits"])
         if cfg.get("seccomp", True):
-            install_seccomp(block_setsid=cfg.get("block_setsid", False))
+            install_seccomp(block_setsid=cfg.get("block_setsid", False),
+                            block_ipc=cfg.get("block_ipc", False))
         os.chdir(cfg["workdir"])
     except Exception as e:  # the grader treats this as an infrastructure failure
         _fatal(97, f"setup failed: {type(e).__name__}: {e}")

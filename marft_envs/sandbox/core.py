@@ -141,8 +141,9 @@ _NOBODY = (65534, 65534)  # uid/gid a root grader's fallback sandbox runs as
 
 
 def _drops_uid(level: str) -> bool:
-    """Without namespaces only file permissions guard the host, and root has none."""
-    return level == "rlimits+socket-block" and _is_root()
+    """A root grader's program runs as ``_NOBODY`` at every level: as uid 0 (even in a
+    user namespace mapped to root) it would own, and so could read, root's 0600 files."""
+    return _is_root()
 
 
 def _sandbox_uid(level: str) -> int:
@@ -219,18 +220,23 @@ def _describe(level: str) -> dict[str, str]:
     plan = _cgroup_plan()
     uid = _sandbox_uid(level)
     ll = _landlock_abi()
+    view = "empty root: interpreter and stdlib read-only (no site-packages), "
     if level == "bwrap":
-        net, fs = "empty network namespace", "read-only bind of /, private /tmp, work dir writable"
+        net, fs = "empty network namespace", view + "private /tmp, work dir writable"
         user = "user namespace, all capabilities dropped"
     elif level == "unshare-net":
-        net, fs = "empty network namespace", "read-only remount of /, work dir writable"
+        net, fs = "empty network namespace", view + "private /tmp, work dir writable (chroot)"
         user = "user namespace, all capabilities dropped"
     else:
         net = "seccomp: only AF_UNIX sockets"
-        fs = ("Landlock: writes only in the work dir" if ll else
-              "file permissions only (no Landlock in this kernel)")
+        fs = ("Landlock: writes only in the work dir, reads only in the interpreter's "
+              "stdlib view and the work dir" if ll else
+              "file permissions only (no Landlock in this kernel): world-readable files, "
+              "data sets included, stay readable")
         user = (f"uid {uid} (dropped from root; grader made non-dumpable)" if _drops_uid(level)
                 else f"uid {uid} (grader made non-dumpable)")
+    if _drops_uid(level) and level != "rlimits+socket-block":
+        user = f"uid {uid} (dropped from root), own pid namespace, no capabilities"
     nproc = plan.where("pids")
     if nproc is None:
         why = "; ".join(n for n in plan.notes if n.startswith("pids")) or "no writable pids cgroup"
@@ -391,7 +397,9 @@ class _Capture:
 def _limits(timeout: float, memory_mb: int | None, cpu_seconds: float | None,
             max_file_mb: int | None, max_processes: int | None, level: str) -> dict:
     nproc = max_processes
-    if nproc is not None and level == "rlimits+socket-block":
+    if nproc is not None and _cgroup_plan().where("pids") is not None:
+        nproc = None  # the run's own pids cgroup caps it exactly; no /proc scan per run
+    elif nproc is not None and (level == "rlimits+socket-block" or _drops_uid(level)):
         # No user namespace: NPROC counts every task of the sandbox's uid on the host.
         nproc += _tasks_of_uid(_sandbox_uid(level))
     cpu = cpu_seconds if cpu_seconds is not None else math.ceil(timeout) + 1
@@ -433,24 +441,142 @@ def _site_paths() -> list[str]:
     return [p for p in sys.path if p and os.path.isdir(p)] if _NO_SITE else []
 
 
-def _stub_command(level: str, workdir: str, cfg: dict) -> list[str]:
-    py = sys.executable
-    stub = [py, *_python_flags(), "-u", _RUNNER, "stub", json.dumps(cfg)]
+@dataclass(frozen=True)
+class _View:
+    """What a sandboxed program may read: the interpreter and its standard library.
+
+    ``roots`` are exposed read-only (``/usr``, ``/lib*``, the interpreter's prefix);
+    ``hidden`` are the package directories beneath them (``site-packages``,
+    ``dist-packages``: data sets such as HumanEval's ship there), covered by an empty
+    tmpfs; ``links`` are top-level symlinks (``/lib -> usr/lib``) recreated as such.
+    ``python`` is the base interpreter (never a venv's, which would add its packages)
+    and ``path`` its standard-library ``sys.path``: the program gets no third-party
+    package, so nothing it imports or opens holds test data.
+    """
+
+    roots: tuple[str, ...]
+    hidden: tuple[str, ...]
+    links: tuple[tuple[str, str], ...]
+    python: str
+    path: tuple[str, ...]
+
+
+_view_cache: list[_View] = []
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _program_view() -> _View:
+    """The read-only view of the host given to programs (computed once)."""
+    if _view_cache:
+        return _view_cache[0]
+    import glob
+    import sysconfig
+
+    python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    roots: set[str] = set()
+    links: list[tuple[str, str]] = []
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            links.append((top, os.readlink(top)))
+        elif os.path.isdir(top):
+            roots.add(top)
+    for extra in prefixes | {os.path.dirname(python)}:
+        if not any(_under(extra, r) for r in roots):
+            roots.add(extra)
+    stdlib = {os.path.realpath(sysconfig.get_paths(vars={"base": p, "platbase": p})[k])
+              for p in prefixes for k in ("stdlib", "platstdlib")}
+    pkg_dirs: set[str] = set()
+    for k in ("purelib", "platlib"):
+        for p in prefixes:
+            pkg_dirs.add(sysconfig.get_paths(vars={"base": p, "platbase": p})[k])
+    for r in roots:
+        for pat in ("lib*/python*/*-packages", "local/lib*/python*/*-packages",
+                    "lib*/python3*/dist-packages"):
+            pkg_dirs.update(glob.glob(os.path.join(r, pat)))
+    hidden = sorted({os.path.realpath(d) for d in pkg_dirs if os.path.isdir(d)
+                     and any(_under(os.path.realpath(d), r) for r in roots)})
+    # The interpreter's own sys.path under -I -S is its standard library: keep the
+    # entries that exist (python3XX.zip usually does not) and are not package dirs.
+    path = [p for p in (os.path.realpath(q) for q in sys.path if q)
+            if os.path.isdir(p) and any(_under(p, s) for s in stdlib)
+            and not any(_under(p, h) for h in hidden)]
+    view = _View(tuple(sorted(roots)), tuple(hidden), tuple(links), python,
+                 tuple(dict.fromkeys(path)))
+    _view_cache.append(view)
+    return view
+
+
+_reads_cache: list[list[list[str]]] = []
+
+
+def _landlock_reads(view: _View) -> list[list[str]]:
+    """Landlock read rules for ``view`` (``[path, kind]``): a root without package dirs
+    beneath is one ``"tree"``; one with some is split into its entries, recursively,
+    leaving the package dirs out (their names stay listable, their files unreadable)."""
+    if _reads_cache:
+        return _reads_cache[0]
+    rules: list[list[str]] = []
+
+    def split(d: str) -> None:
+        if d in view.hidden:
+            return
+        if not any(_under(h, d) for h in view.hidden):
+            rules.append([d, "tree"])
+            return
+        rules.append([d, "list"])
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            return
+        for name in names:
+            p = os.path.join(d, name)
+            if os.path.islink(p):
+                continue  # its target is covered where it lies (or stays unreadable)
+            if os.path.isdir(p):
+                split(p)
+            elif os.path.isfile(p):
+                rules.append([p, "file"])
+
+    for r in view.roots:
+        split(r)
+    _reads_cache.append(rules)
+    return rules
+
+
+def _stub_command(level: str, workdir: str, cfg: dict, runner: str) -> list[str]:
+    view = _program_view()
+    stub = [view.python, *_python_flags(), "-u", runner, "stub", json.dumps(cfg)]
     if level == "bwrap":
-        cmd = ["bwrap", "--ro-bind", "/", "/", "--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp"]
-        tmp = tempfile.gettempdir().rstrip("/") or "/tmp"
-        for p in {os.path.dirname(_RUNNER), sys.prefix, sys.base_prefix,
-                  os.path.dirname(os.path.realpath(py))}:
-            if p.startswith("/tmp/") or p.startswith(tmp + "/"):
-                cmd += ["--ro-bind", p, p]  # keep the interpreter visible under --tmpfs
-        cmd += ["--bind", workdir, workdir, "--proc", "/proc", "--dev", "/dev",
-                "--chdir", workdir, "--unshare-all", "--die-with-parent", "--new-session",
-                "--cap-drop", "ALL", "--clearenv"]
+        # An empty root: only the interpreter, its stdlib and shared libraries, read-only.
+        cmd = ["bwrap"]
+        for r in view.roots:
+            cmd += ["--ro-bind", r, r]
+        for link, target in view.links:
+            cmd += ["--symlink", target, link]
+        for h in view.hidden:
+            cmd += ["--tmpfs", h, "--remount-ro", h]
+        cmd += ["--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp",
+                "--bind", workdir, workdir, "--proc", "/proc", "--dev", "/dev",
+                "--chdir", workdir, "--die-with-parent", "--new-session", "--clearenv",
+                "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                "--unshare-cgroup-try", "--cap-drop", "ALL"]
+        if _drops_uid(level):
+            # Real root: no user namespace (it would map the program to uid 0 outside);
+            # the runner keeps only what it needs to chown the work dir and drop to nobody.
+            cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                    "--cap-add", "CAP_CHOWN"]
+        else:
+            cmd += ["--unshare-user"]
         for k, v in _clean_env(workdir).items():
             cmd += ["--setenv", k, v]
         return cmd + stub
     if level == "unshare-net":
-        return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork",
+        user = [] if _drops_uid(level) else ["--user", "--map-root-user"]
+        return ["unshare", *user, "--net", "--pid", "--ipc", "--uts", "--fork",
                 "--kill-child", "--mount", "--mount-proc"] + stub
     return stub
 
@@ -471,6 +597,7 @@ class _Run:
         self.proc: subprocess.Popen | None = None
         self.req_r = self.req_w = self.resp_r = self.resp_w = -1
         self.workdir = tempfile.mkdtemp(prefix="marft-sbx-")
+        self.rootdir: str | None = None  # mount point of the new root (unshare-net)
         # No pid namespace at the fallback level: the program could see this process.
         self._undump: Any = _grader_undumpable(level == "rlimits+socket-block")
         self._undump.__enter__()
@@ -496,22 +623,34 @@ class _Run:
             with open(dest, "w", encoding="utf-8") as f:
                 f.write(text)
         level = self.level
+        view = _program_view()
+        # The runner travels in the work dir: its own location (a checkout, a venv) is
+        # not part of the program's view.
+        runner = os.path.join(self.workdir, ".marft_runner.py")
+        shutil.copyfile(_RUNNER, runner)
         cfg: dict[str, Any] = {
             "workdir": self.workdir, "program": prog_path, "serve": serve,
             "module_name": "solution" if serve else "__main__", "limits": limits,
-            "readonly": level == "unshare-net", "drop_caps": level == "unshare-net",
+            "drop_caps": level == "unshare-net" and not _drops_uid(level),
             "block_setsid": level == "rlimits+socket-block",
+            "block_ipc": level == "rlimits+socket-block",
             "drop_to": list(_NOBODY) if _drops_uid(level) else None,
-            "landlock": level == "rlimits+socket-block" and _landlock_abi() > 0,
-            "sys_path": _site_paths(),
+            "sys_path": list(view.path),
         }
+        if level == "unshare-net":
+            self.rootdir = tempfile.mkdtemp(prefix="marft-root-")
+            cfg["new_root"] = {"at": self.rootdir, "roots": list(view.roots),
+                               "hidden": list(view.hidden), "links": list(view.links),
+                               "tmpfs_bytes": _TMPFS_BYTES}
+        if level == "rlimits+socket-block" and _landlock_abi() > 0:
+            cfg["landlock"] = {"reads": _landlock_reads(view)}
         pass_fds: tuple[int, ...] = ()
         if serve:
             self.req_r, self.req_w = os.pipe()
             self.resp_r, self.resp_w = os.pipe()
             cfg.update(req=self.req_r, resp=self.resp_w)
             pass_fds = (self.req_r, self.resp_w)
-        cmd = _stub_command(level, self.workdir, cfg)
+        cmd = _stub_command(level, self.workdir, cfg, runner)
         values = {"pids": max_processes + 4 if max_processes else None,
                   "memory": (memory_mb + 256) * 2**20 if memory_mb else None}
         plan = _cgroup_plan()
@@ -562,6 +701,8 @@ class _Run:
                             pass
                     time.sleep(0.005)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.rootdir is not None:  # an empty dir on the host (mounts were private)
+            shutil.rmtree(self.rootdir, ignore_errors=True)
         if self._undump is not None:  # after the kill: nothing of the run is left
             self._undump.__exit__(None, None, None)
             self._undump = None

@@ -44,6 +44,7 @@ __all__ = [
     "MBPP_SPLITS",
     "humaneval_units",
     "load_humaneval",
+    "prompt_helpers",
     "load_mbpp",
 ]
 
@@ -92,6 +93,25 @@ def build_program(prompt: str, code: str, entry_point: str) -> str:
     if code[:1] in (" ", "\t"):
         return prompt + code
     return prompt.rstrip("\n") + "\n\n\n" + code.strip("\n") + "\n"
+
+
+def prompt_helpers(prompt: str, entry_point: str) -> str:
+    """The prompt's own imports, helper functions and classes (all but ``entry_point``),
+    as source for the trusted checker's setup.
+
+    Tests of some problems call helpers from the prompt (HumanEval 32 ``poly``, 38
+    ``encode_cyclic``, 50 ``encode_shift``). Run in the checker after the program's
+    names are bound, these definitions replace whatever the program defined under the
+    same names: a program that redefines ``poly`` to return 0 changes only its own copy.
+    """
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return ""
+    keep = [s for s in tree.body
+            if isinstance(s, (ast.Import, ast.ImportFrom, ast.ClassDef))
+            or (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name != entry_point)]
+    return "\n".join(ast.unparse(s) for s in keep)
 
 
 def humaneval_units(test: str) -> tuple[str, list[str]]:
@@ -188,12 +208,14 @@ class _CodeTask(DatasetTask):
 # -------------------------------------------------------------------- HumanEval
 @cache
 def _he_units(index: int) -> tuple[str, tuple[str, ...]]:
-    test = load_humaneval()[index]["test"]
+    row = load_humaneval()[index]
     try:
-        setup, units = humaneval_units(test)
+        setup, units = humaneval_units(row["test"])
     except SyntaxError:
-        setup, units = test, ["check(candidate)"]
-    return setup, tuple(units)
+        setup, units = row["test"], ["check(candidate)"]
+    # The prompt's helpers come first: the tests' own setup may build on them.
+    helpers = prompt_helpers(row["prompt"], row["entry_point"])
+    return "\n".join(s for s in (helpers, setup) if s), tuple(units)
 
 
 class HumanEvalTask(_CodeTask):

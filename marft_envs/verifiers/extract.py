@@ -14,6 +14,7 @@ from fractions import Fraction
 
 __all__ = [
     "MAX_RESPONSE_CHARS",
+    "boxed_answer",
     "extract_boxed",
     "extract_gsm8k_answer",
     "extract_gsm8k_gold",
@@ -67,8 +68,9 @@ def _match_braces(text: str, open_idx: int) -> int | None:
     return None
 
 
-def _boxed_at(text: str, start: int, cmd: str) -> str | None:
-    """Content of the box command found at ``start``, or None if malformed."""
+def _boxed_span(text: str, start: int, cmd: str) -> tuple[str, int] | None:
+    """``(content, end)`` of the box command found at ``start`` (``end``: the index just
+    past it), or None if malformed."""
     i = start + len(cmd)
     n = len(text)
     # \boxedfoo is another macro, not a box.
@@ -80,18 +82,14 @@ def _boxed_at(text: str, start: int, cmd: str) -> str | None:
         end = _match_braces(text, i)
         if end is None:
             return None
-        return text[i + 1 : end].strip()
+        return text[i + 1 : end].strip(), end + 1
     # "\boxed 5" form: up to the next "$" or whitespace.
     m = re.match(r"[^\s$]+", text[i : i + 200])
-    return m.group(0).strip() if m else None
+    return (m.group(0).strip(), i + m.end()) if m else None
 
 
-def extract_boxed(text: str) -> str | None:
-    """Content of the LAST well-formed ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
-
-    Nested braces are matched; an unbalanced trailing box (a truncated reply)
-    falls back to the previous well-formed one. Returns None when there is none.
-    """
+def _last_box(text: str) -> tuple[str, int, int] | None:
+    """``(content, start, end)`` of the LAST well-formed non-empty box in ``text``."""
     if not isinstance(text, str) or "\\" not in text:
         return None
     candidates: list[tuple[int, str]] = []
@@ -103,10 +101,59 @@ def extract_boxed(text: str) -> str | None:
             if len(candidates) > 64:  # bounded work on adversarial input
                 break
     for pos, cmd in sorted(candidates, reverse=True):
-        content = _boxed_at(text, pos, cmd)
-        if content:
-            return content
+        span = _boxed_span(text, pos, cmd)
+        if span is not None and span[0]:
+            return span[0], pos, span[1]
     return None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the LAST well-formed ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
+
+    Nested braces are matched; an unbalanced trailing box (a truncated reply)
+    falls back to the previous well-formed one. Returns None when there is none.
+    """
+    box = _last_box(text)
+    return box[0] if box is not None else None
+
+
+# What may stand right before / after a box that is the whole answer; anything that
+# makes the box one operand of an expression ("7-\boxed{5}", "\boxed{5}/2",
+# "\frac{\boxed{1}}{2}") means the box is not the answer.
+_BEFORE_OPERATOR = re.compile(r"(?:[*/^_{]|\\(?:cdot|times|div|frac|sqrt|pm|mp))\s*$")
+_AFTER_OPERATOR = re.compile(r"^\s*(?:[*/^_]|\}\s*\{|\\(?:cdot|times|div|pm|mp)(?![a-zA-Z]))")
+# A minus after a number, a closing bracket or a one-letter variable is a difference.
+_BINARY_MINUS = re.compile(r"(?:[\d)}\]]|(?<![A-Za-z\\])[A-Za-z])\s*[-\u2212]\s*$")
+
+
+def boxed_answer(text: str) -> tuple[str | None, str]:
+    """The last box as a whole answer, with what stands around it: ``(answer, how)``.
+
+    ``how`` is ``"boxed"`` (the box alone), ``"negated"`` (a minus sign right before
+    it: ``-\\boxed{5}`` is the answer ``-5``), ``"in_expression"`` (an operator or a
+    fraction outside the box makes it one operand: no answer, None) or ``"none"``.
+    """
+    box = _last_box(text)
+    if box is None:
+        return None, "none"
+    content, start, end = box
+    before = re.sub(r"(?:\$|\\\(|\\\[)+\s*$", "", text[max(0, start - 40) : start])
+    after = text[end : end + 40]
+    while re.search(r"\\(?:boxed|fbox)\s*\{\s*$", before) and after.lstrip().startswith("}"):
+        # \boxed{\boxed{7}}: the outer box decides.
+        before = re.sub(r"\\(?:boxed|fbox)\s*\{\s*$", "", before)
+        after = after.lstrip()[1:]
+    if (_BEFORE_OPERATOR.search(before) or _AFTER_OPERATOR.search(after)
+            or re.search(r"\d$", before)):  # "2\boxed{3}" is a product
+        return None, "in_expression"
+    if re.search(r"[-\u2212]\s*$", before):
+        if _BINARY_MINUS.search(before):
+            return None, "in_expression"  # "7 - \boxed{5}": a difference, not a sign
+        simple = r"[\w.]+|\\[dt]?frac\{[^{}]*\}\{[^{}]*\}"
+        if re.fullmatch(r"[-\u2212]\s*(?:" + simple + ")", content):
+            return content.lstrip("-\u2212 "), "negated"  # -\boxed{-5} is 5
+        return ("-" + content if re.fullmatch(simple, content) else f"-({content})"), "negated"
+    return content, "boxed"
 
 
 def extract_last_number(text: str) -> str | None:
@@ -178,10 +225,12 @@ def extract_math_answer(text: str) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    boxed = extract_boxed(text)
+    boxed, how = boxed_answer(text)
+    if how == "in_expression":
+        return None  # a box that is one operand of an expression is no final answer
     if boxed is not None:
         inner = extract_boxed(boxed)  # \boxed{\boxed{x}}
-        return inner if inner is not None else boxed
+        return inner if inner is not None and how == "boxed" else boxed
     return _answer_phrase(text)
 
 
@@ -199,7 +248,9 @@ def extract_gsm8k_answer(text: str) -> tuple[str | None, str]:
     """
     if not isinstance(text, str):
         return None, "none"
-    boxed = extract_boxed(text)
+    boxed, how = boxed_answer(text)
+    if how == "in_expression":
+        return None, "none"  # "\boxed{5}/2": the box is not the answer
     if boxed is not None:
         num = _clean(boxed) if parse_number(boxed) is not None else extract_last_number(boxed)
         if num is not None:

@@ -5,9 +5,15 @@ adversarial input): the public graders in :mod:`marft_envs.verifiers.graders`
 run them inside a worker process with a hard wall-clock kill. Call them
 directly only on trusted input (tests, debugging).
 
+Refused before any check (``details["method"]`` names why): two alternatives for
+one gold (``x = 3 \\text{ or } x = 5`` vs ``5``: ``"alternatives"``; against a gold
+list ``3, 5`` they are compared as that list), and a relation where the gold has
+none (``7 = 5``, ``\\approx 5``: ``"relation"``; a leading ``x =`` is fine).
+
 Equivalence, in order (first success wins, reported in ``details["method"]``):
 exact string match after normalizing both sides, exact numeric match,
-multiple-choice letters, math-verify (``parse`` + ``verify``) on the raw and the
+multiple-choice letters (``A``-``E`` or ``(a)``-``(e)``, case-insensitive only
+between two such letters; a bare ``a`` is a variable), math-verify (``parse`` + ``verify``) on the raw and the
 normalized forms, a sympy fallback (``latex2sympy`` + ``simplify``) for pairs
 math-verify cannot parse, and a plain-text match for word answers. Parses are
 cached per worker: RL grades many samples against the same gold answer.
@@ -130,7 +136,29 @@ def _strip_assignment(pred: str, gold: str) -> tuple[str, str]:
     return pred, gold
 
 
-_CHOICE_RE = re.compile(r"^\(?([A-Ea-e])\)?$")
+# A multiple-choice letter: an upper-case A-E, bare or in parentheses, or a lower-case
+# one in parentheses. A bare "a" is a variable: "a" vs "A" is no match.
+_CHOICE_RE = re.compile(r"^(?:\(?([A-E])\)?|\(([a-e])\))$")
+
+# Relations: an answer that is an equation or an estimate ("7 = 5", "\approx 5") is not
+# the value it mentions.
+_RELATION_RE = re.compile(r"=|<|>|\\(?:approx|sim|simeq|cong|ne|neq|le|leq|ge|geq|lt|gt|equiv)"
+                          r"(?![a-zA-Z])")
+# Alternatives: "x = 3 or x = 5" names two answers.
+_ALTERNATIVES_RE = re.compile(
+    r"\s*(?:\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}|\\(?:lor|vee|land|wedge)"
+    r"(?![a-zA-Z])|\b(?:or|and)\b)\s*")
+
+
+def _choice(s: str) -> str | None:
+    m = _CHOICE_RE.match(s)
+    return (m.group(1) or m.group(2)).upper() if m else None
+
+
+def _split_alternatives(raw: str) -> list[str]:
+    """``"x = 3 \\text{ or } x = 5"`` -> ``["x = 3", "x = 5"]``; one item if no "or"."""
+    parts = [p for p in _ALTERNATIVES_RE.split(raw) if p.strip()]
+    return parts if len(parts) > 1 else [raw]
 
 
 def _quiet_math_verify() -> None:
@@ -200,19 +228,31 @@ def math_equal(pred: str, gold: str, *, methods: tuple[str, ...] = METHODS) -> t
     if not isinstance(pred, str) or not isinstance(gold, str):
         return False, "none"
     pred, gold = pred[:_MAX_ANSWER_CHARS], gold[:_MAX_ANSWER_CHARS]
+    alternatives = _split_alternatives(pred)
+    if len(alternatives) > 1 and len(_split_alternatives(gold)) == 1:
+        if "," not in normalize_latex(gold):
+            return False, "alternatives"  # two answers for one gold earn nothing
+        # Several solutions ("x = 3 or x = 5") against a gold list ("3, 5").
+        pred = ", ".join(_strip_assignment(normalize_latex(a), "")[0] for a in alternatives)
     npred, ngold = normalize_latex(pred), normalize_latex(gold)
     if not npred or not ngold:
         return False, "empty"
     npred, ngold = _strip_assignment(npred, ngold)
+    if _RELATION_RE.search(npred) and not _RELATION_RE.search(ngold):
+        return False, "relation"  # "7 = 5", "\\approx 5": not the value itself
     if "string" in methods and npred == ngold:
         return True, "string"
     if "numeric" in methods:
         vp, vg = parse_number(npred), parse_number(ngold)
         if vp is not None and vg is not None and vp == vg:
             return True, "numeric"
-    cp, cg = _CHOICE_RE.match(npred), _CHOICE_RE.match(ngold)
+    cp, cg = _choice(npred), _choice(ngold)
     if "choice" in methods and cp and cg:
-        return cp.group(1).upper() == cg.group(1).upper(), "choice"
+        return cp == cg, "choice"
+    letter = re.compile(r"\(?([A-Za-z])\)?")
+    lp, lg = letter.fullmatch(npred), letter.fullmatch(ngold)
+    if lp and lg:  # single letters that are not both choices: case matters ("a" != "A")
+        return lp.group(1) == lg.group(1), "letter"
     verdict_given = False
     if "math_verify" in methods:
         forms = [(pred, gold)] if (pred, gold) == (npred, ngold) else [(pred, gold), (npred, ngold)]

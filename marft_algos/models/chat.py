@@ -1,0 +1,78 @@
+"""Chat encoding that keeps message contents literal: a teammate cannot forge turns.
+
+``tokenizer.apply_chat_template(..., tokenize=True)`` renders the template to text and
+tokenizes the whole of it, so an added-token string inside a message (an agent's reply
+holding ``<|im_end|>\\n<|im_start|>system ...``) becomes the real special tokens: one
+agent would write system turns into another agent's prompt. :func:`encode_chat` renders
+the template with a placeholder per message content, tokenizes the template's own text
+as usual (its special tokens stay special) and each content with special tokens split
+into plain text. Messages without any added-token string take the plain
+``apply_chat_template`` path: their ids are exactly what they were.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["encode_chat", "special_strings_in"]
+
+# Private-use characters: no tokenizer has them as added tokens and no template edits them.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+
+
+def _added_strings(tokenizer: Any) -> list[str]:
+    """Every string the tokenizer turns into one added token when it meets it in text."""
+    vocab = getattr(tokenizer, "get_added_vocab", None)
+    found = set(vocab()) if callable(vocab) else set()
+    found.update(getattr(tokenizer, "all_special_tokens", []) or [])
+    return sorted((s for s in found if s), key=len, reverse=True)
+
+
+def special_strings_in(tokenizer: Any, text: str) -> list[str]:
+    """The added-token strings (``<|im_start|>``, ...) that occur in ``text``."""
+    return [s for s in _added_strings(tokenizer) if s in text]
+
+
+def _literal_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text`` as plain text: added-token strings are split like any other characters."""
+    if not text:
+        return []
+    out = tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+    return [int(i) for i in out["input_ids"]]
+
+
+def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *,
+                add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``messages`` through ``tokenizer``'s chat template, every message
+    content encoded as literal text (never as special tokens).
+
+    Raises ValueError when the tokenizer has no chat template, or when its template
+    does not pass message contents through (then contents cannot be kept literal).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template (set tokenizer.chat_template)")
+    msgs = [dict(m) for m in messages]
+    if not any(special_strings_in(tokenizer, str(m.get("content", ""))) for m in msgs):
+        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt,
+                                            tokenize=True, return_dict=True)
+        return [int(i) for i in out["input_ids"]]
+    contents = [str(m.get("content", "")) for m in msgs]
+    marked = [{**m, "content": f"{_OPEN}{i}{_CLOSE}"} for i, m in enumerate(msgs)]
+    text = tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt,
+                                         tokenize=False)
+    pieces = _PLACEHOLDER.split(text)  # template, index, template, index, ..., template
+    used = [int(i) for i in pieces[1::2]]
+    if sorted(used) != list(range(len(msgs))):
+        raise ValueError("the chat template does not pass each message content through once; "
+                         "message contents cannot be kept literal with it")
+    ids: list[int] = []
+    for k, piece in enumerate(pieces):
+        if k % 2 == 0:  # the template's own text: its special tokens are real
+            if piece:
+                ids += [int(i) for i in tokenizer(piece, add_special_tokens=False)["input_ids"]]
+        else:
+            ids += _literal_ids(tokenizer, contents[int(piece)])
+    return ids
