@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -46,6 +46,9 @@ class AgentProfile:
         eval_sampling: the same for evaluation.
         model: base model name or alias playing this role (``None``: the trainer's default).
         adapter: LoRA adapter name for this role (``None``: the role name).
+        tools: the tools this agent may call: registered names (``"calculator"``),
+            ``"module:attr"`` paths or :class:`~marft_envs.tools.Tool` objects (see
+            :mod:`marft_envs.tools`); resolved when an env is made.
     """
 
     role: str
@@ -56,6 +59,7 @@ class AgentProfile:
     eval_sampling: Mapping[str, Any] = field(default_factory=dict)
     model: str | None = None
     adapter: str | None = None
+    tools: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, str) or not self.role.strip():
@@ -74,6 +78,11 @@ class AgentProfile:
                     f"profile {self.role!r}: unknown {name} keys {unknown}; valid keys: {sorted(SAMPLING_KEYS)}"
                 )
             object.__setattr__(self, name, value)
+        tools = [self.tools] if isinstance(self.tools, str) else list(self.tools or ())
+        for t in tools:
+            if not isinstance(t, str) and not hasattr(t, "schema"):
+                raise ValueError(f"profile {self.role!r}: a tool is a name, 'module:attr' or a Tool, got {t!r:.60}")
+        object.__setattr__(self, "tools", tuple(tools))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AgentProfile:
@@ -88,11 +97,12 @@ class AgentProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form, the reference profile format plus our extra fields."""
-        d = asdict(self)
+        d = asdict(replace(self, tools=()))  # Tool objects are not data: named below
         d["sampling"] = dict(self.sampling)
         d["eval_sampling"] = dict(self.eval_sampling)
         if self.depends_on is not None:
             d["depends_on"] = list(self.depends_on)
+        d["tools"] = [t if isinstance(t, str) else t.name for t in self.tools]  # Tool objects by name
         return d
 
 
