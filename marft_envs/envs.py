@@ -122,3 +122,54 @@ def register_builtin_envs() -> None:
 
 
 register_builtin_envs()
+
+
+# ======================================================================================
+# Tool-using and RAG teams (issue 16; marft_envs/tools, marft_envs/tasks/rag.py).
+# Appended as one block so that merges with other edits of this file stay trivial.
+# ======================================================================================
+#: Ids registered by this block.
+TOOL_ENV_IDS: tuple[str, ...] = ("arith-calc-duo-v0", "gsm8k-calc-duo-v0", "rag-solo-v0", "rag-quartet-v0")
+_RAG_TASK = "marft_envs.tasks.rag:RAGTask"
+# RAG: reward = answer F1 (EM is `correct`), minus small costs for tokens and tool use.
+_RAG_REWARD = {"outcome": 0.0, "partial": 1.0, "cost_per_token": 0.0001}
+_RAG_TOOLS = {"budget": 2, "reward": {"cost_per_tool_call": 0.01, "cost_per_tool_error": 0.05}}
+_CALC_TOOLS = {"expected_tools": ["calculator"], "reward": {"cost_per_tool_error": 0.05}}
+
+FAMILIES["rag"] = _page(
+    "Retrieval-augmented QA (MMOA-RAG): a query rewriter, a document selector, a filter and an "
+    "answer generator share the answer-F1 reward. Offline by default (``dataset='kb'``: a "
+    "procedural multi-hop knowledge base with look-alike distractors); ``dataset='hotpotqa'`` or "
+    "``'nq'`` for real data. The ``search`` tool (BM25 over the corpus) is available to the "
+    "selector (quartet) and the generator (solo). See :mod:`marft_envs.tasks.rag` and the RAG page.",
+    agents="solo: ``generator``; quartet: ``rewriter``, ``selector``, ``filter``, ``generator``",
+    topology="``Chain`` (each agent sees the previous one; documents are passed on by id)",
+)
+
+
+def register_tool_envs() -> None:
+    """Register the tool-using variants and the RAG teams (no data is loaded)."""
+    register(
+        "arith-calc-duo-v0",
+        _ENTRY,
+        kwargs={"task": "arith", "profiles": "calc_duo", "tool_config": _CALC_TOOLS},
+        description="procedural integer arithmetic, offline; reasoner -> actor with a calculator tool",
+    )
+    register(
+        "gsm8k-calc-duo-v0",
+        _ENTRY,
+        kwargs={"task": "gsm8k", "profiles": "calc_duo", "split": "train", "tool_config": _CALC_TOOLS},
+        description="GSM8K grade-school math; reasoner -> actor with a calculator tool",
+    )
+    for team, what in (("solo", "generator with the search tool"),
+                       ("quartet", "rewriter -> selector (search tool) -> filter -> generator")):
+        register(
+            f"rag-{team}-v0",
+            _ENTRY,
+            kwargs={"task": _RAG_TASK, "profiles": f"rag_{team}",
+                    "reward": _RAG_REWARD, "tool_config": _RAG_TOOLS},
+            description=f"multi-hop QA over a local corpus (offline KB; hotpotqa, nq); {what}; reward answer F1",
+        )
+
+
+register_tool_envs()
