@@ -144,6 +144,9 @@ FAMILIES["rag"] = _page(
     "selector (quartet) and the generator (solo). See :mod:`marft_envs.tasks.rag` and the RAG page.",
     agents="solo: ``generator``; quartet: ``rewriter``, ``selector``, ``filter``, ``generator``",
     topology="``Chain`` (each agent sees the previous one; documents are passed on by id)",
+).replace(
+    "shared team reward: ``outcome * correct`` (+ optional format, partial, cost terms)",
+    "shared team reward: answer F1 (``partial``) minus token and tool-use costs; EM is ``correct``",
 )
 
 

@@ -41,9 +41,17 @@ sanitized and flagged in ``infos[agent]["flags"]``; an ungradable answer is
 wrong (reward from the outcome term 0). Dead agents must step ``None``
 (PettingZoo's rule; anything else raises ``ValueError``).
 
-**Optional task hook.** A task may define ``grade_turn(executed, answer_agent,
+**Optional task hooks.** A task may define ``grade_turn(executed, answer_agent,
 problem) -> GradeResult`` to grade the whole turn instead of the answering
-agent's text alone (used by :class:`~marft_envs.tasks.echo.EchoTask`).
+agent's text alone (used by :class:`~marft_envs.tasks.echo.EchoTask`), and
+``view_context(agent, executed, problem, parents) -> str | None`` to add a
+section to an agent's view (the retrieved documents of :mod:`marft_envs.tasks.rag`).
+
+**Tools.** Agents whose profile lists ``tools`` may call them (see
+:mod:`marft_envs.tools` and the tool-calling page): a reply with a call runs it,
+appends the result as a ``tool`` message and the same agent acts again
+(``info["tool_turn"]``); ``tools(agent)`` gives the schemas for the chat
+template. Without tools nothing of this applies.
 
 **Info keys after a graded turn:** ``turn``, ``team_reward``,
 ``reward_components``, ``attribution``, ``grade`` (GradeResult fields),
@@ -69,6 +77,7 @@ Arguments: ``task`` (a Task, a short name such as ``"arith"`` or
 JSON path or a profile list), ``horizon`` (1), ``feedback`` (False),
 ``reward`` (dict of weights, see :class:`~marft_envs.rewards.RewardConfig`),
 ``max_action_chars`` (4096), ``render_mode`` (``"human"`` | ``"ansi"`` | None),
+``tool_config`` (dict, see :class:`~marft_envs.tools.ToolConfig`),
 ``task_kwargs`` and any other keyword (``split``, ``data_dir``, ``digits``, ...)
 go to the task's constructor.
 
