@@ -219,13 +219,10 @@ class ToolLoop:
         """Upper bound on the characters a turn's tool transcript adds to one agent's view."""
         if not self.enabled:
             return 0
-        most = max(self.budget(a) for a in self.tools if self.tools[a]) if any(self.tools.values()) else 0
+        most = max(self.budget(a) for a in self.tools if self.tools[a])
         per_call = self.config.max_output_chars + 200
-        return most * (max_action_chars + per_call) + len(self.system_suffix_for(self.tools_of_max()))
-
-    def tools_of_max(self) -> tuple[Tool, ...]:
-        """The largest tool set of any agent (for size bounds)."""
-        return max(self.tools.values(), key=len) if self.tools else ()
+        instructions = max(len(self.system_suffix_for(tools)) for tools in self.tools.values())
+        return most * (max_action_chars + per_call) + instructions
 
     # ---------------------------------------------------------------- views
     def schemas(self, agent: str) -> list[dict[str, Any]]:
