@@ -25,6 +25,11 @@ code-trio-v0           planner -> coder -> reviewer (chain;     as above
 game-nim-v0            player_0 vs player_1 (zero-sum)          Nim (own rewards)
 game-matrix-v0         player_0, player_1 (general-sum)         matrix game
 dialogue-doctor-v0     doctor (scripted patient outside team)   procedural cases
+arith-calc-duo-v0      reasoner -> actor (calculator tool)      arith (train)
+gsm8k-calc-duo-v0      reasoner -> actor (calculator tool)      GSM8K (train)
+rag-solo-v0            generator (search tool)                  procedural KB (offline)
+rag-quartet-v0         rewriter -> selector -> filter ->        as above; ``dataset=``
+                       generator (chain; selector searches)     ``hotpotqa`` / ``nq``
 =====================  =======================================  =====================
 
 Adding a family: append a block at the end of this module that calls
@@ -276,3 +281,51 @@ _textarena_games()
 #: Game and dialogue ids (plus TextArena-backed ``game-*-v0`` ids when it is installed).
 GAME_ENV_IDS: tuple[str, ...] = ("game-nim-v0", "game-matrix-v0", "dialogue-doctor-v0")
 __all__ += ["GAME_ENV_IDS"]
+
+
+# ------------------------------------------------------------ tools and RAG
+# Tool-using teams and the RAG family (marft_envs.tools, marft_envs.tasks.rag).
+#: Ids registered by this block.
+TOOL_ENV_IDS: tuple[str, ...] = ("arith-calc-duo-v0", "gsm8k-calc-duo-v0", "rag-solo-v0", "rag-quartet-v0")
+_RAG_TASK = "marft_envs.tasks.rag:RAGTask"
+# RAG: reward = answer F1 (EM is `correct`), minus small costs for tokens and tool use.
+_RAG_REWARD = {"outcome": 0.0, "partial": 1.0, "cost_per_token": 0.0001}
+_RAG_TOOLS = {"budget": 2, "reward": {"cost_per_tool_call": 0.01, "cost_per_tool_error": 0.05}}
+_CALC_TOOLS = {"expected_tools": ["calculator"], "reward": {"cost_per_tool_error": 0.05}}
+
+FAMILIES["rag"] = _page(
+    "Retrieval-augmented QA (MMOA-RAG): a query rewriter, a document selector, a filter and an "
+    "answer generator share the answer-F1 reward. Offline by default (``dataset='kb'``: a "
+    "procedural multi-hop knowledge base with look-alike distractors); ``dataset='hotpotqa'`` or "
+    "``'nq'`` for real data. The ``search`` tool (BM25 over the corpus) is available to the "
+    "selector (quartet) and the generator (solo). See :mod:`marft_envs.tasks.rag` and the RAG page.",
+    agents="solo: ``generator``; quartet: ``rewriter``, ``selector``, ``filter``, ``generator``",
+    topology="``Chain`` (each agent sees the previous one; documents are passed on by id)",
+).replace(
+    "shared team reward: ``outcome * correct`` (+ optional format, partial, cost terms)",
+    "shared team reward: answer F1 (``partial``) minus token and tool-use costs; EM is ``correct``",
+)
+
+
+builtin(
+    "arith-calc-duo-v0",
+    _ENTRY,
+    kwargs={"task": "arith", "profiles": "calc_duo", "tool_config": _CALC_TOOLS},
+    description="procedural integer arithmetic, offline; reasoner -> actor with a calculator tool",
+)
+builtin(
+    "gsm8k-calc-duo-v0",
+    _ENTRY,
+    kwargs={"task": "gsm8k", "profiles": "calc_duo", "split": "train", "tool_config": _CALC_TOOLS},
+    description="GSM8K grade-school math; reasoner -> actor with a calculator tool",
+)
+for _team, _what in (("solo", "generator with the search tool"),
+                     ("quartet", "rewriter -> selector (search tool) -> filter -> generator")):
+    builtin(
+        f"rag-{_team}-v0",
+        _ENTRY,
+        kwargs={"task": _RAG_TASK, "profiles": f"rag_{_team}",
+                "reward": _RAG_REWARD, "tool_config": _RAG_TOOLS},
+        description=f"multi-hop QA over a local corpus (offline KB; hotpotqa, nq); {_what}; reward answer F1",
+    )
+__all__ += ["TOOL_ENV_IDS"]

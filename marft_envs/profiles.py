@@ -22,7 +22,7 @@ import math
 import numbers
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -87,6 +87,9 @@ class AgentProfile:
         eval_sampling: the same for evaluation.
         model: base model name or alias playing this role (``None``: the trainer's default).
         adapter: LoRA adapter name for this role (``None``: the role name).
+        tools: the tools this agent may call: registered names (``"calculator"``),
+            ``"module:attr"`` paths or :class:`~marft_envs.tools.Tool` objects (see
+            :mod:`marft_envs.tools`); resolved when an env is made.
     """
 
     role: str
@@ -97,6 +100,7 @@ class AgentProfile:
     eval_sampling: Mapping[str, Any] = field(default_factory=dict)
     model: str | None = None
     adapter: str | None = None
+    tools: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, str) or not self.role.strip():
@@ -125,6 +129,11 @@ class AgentProfile:
                 raise ValueError(f"{agent}: field {name!r} must be a non-empty string or null, got {value!r}")
         for name in ("sampling", "eval_sampling"):
             object.__setattr__(self, name, check_sampling(getattr(self, name), f"{agent}: field {name!r}"))
+        tools = [self.tools] if isinstance(self.tools, str) else list(self.tools or ())
+        for t in tools:
+            if not isinstance(t, str) and not hasattr(t, "schema"):
+                raise ValueError(f"{agent}: a tool is a name, 'module:attr' or a Tool, got {t!r:.60}")
+        object.__setattr__(self, "tools", tuple(tools))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AgentProfile:
@@ -139,11 +148,12 @@ class AgentProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form, the reference profile format plus our extra fields."""
-        d = asdict(self)
+        d = asdict(replace(self, tools=()))  # Tool objects are not data: named below
         d["sampling"] = dict(self.sampling)
         d["eval_sampling"] = dict(self.eval_sampling)
         if self.depends_on is not None:
             d["depends_on"] = list(self.depends_on)
+        d["tools"] = [t if isinstance(t, str) else t.name for t in self.tools]  # Tool objects by name
         return d
 
 

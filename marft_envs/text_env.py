@@ -43,9 +43,17 @@ wrong (reward from the outcome term 0). Dead agents must step ``None``
 markers such as ``<|im_start|>`` is kept as text (policies encode teammates' text
 literally) and flagged ``special_tokens_in_action``: it may be a forged turn.
 
-**Optional task hook.** A task may define ``grade_turn(executed, answer_agent,
+**Optional task hooks.** A task may define ``grade_turn(executed, answer_agent,
 problem) -> GradeResult`` to grade the whole turn instead of the answering
-agent's text alone (used by :class:`~marft_envs.tasks.echo.EchoTask`).
+agent's text alone (used by :class:`~marft_envs.tasks.echo.EchoTask`), and
+``view_context(agent, executed, problem, parents) -> str | None`` to add a
+section to an agent's view (the retrieved documents of :mod:`marft_envs.tasks.rag`).
+
+**Tools.** Agents whose profile lists ``tools`` may call them (see
+:mod:`marft_envs.tools` and the tool-calling page): a reply with a call runs it,
+appends the result as a ``tool`` message and the same agent acts again
+(``info["tool_turn"]``); ``tools(agent)`` gives the schemas for the chat
+template. Without tools nothing of this applies.
 
 **Task contract, checked loudly.** A grader that raises gives a wrong answer
 (flagged ``grade_error``: one response may break a grader). A grader that
@@ -80,6 +88,7 @@ Arguments: ``task`` (a Task, a short name such as ``"arith"`` or
 JSON path or a profile list), ``horizon`` (1), ``feedback`` (False),
 ``reward`` (dict of weights, see :class:`~marft_envs.rewards.RewardConfig`),
 ``max_action_chars`` (4096), ``render_mode`` (``"human"`` | ``"ansi"`` | None),
+``tool_config`` (dict, see :class:`~marft_envs.tools.ToolConfig`),
 ``task_kwargs`` and any other keyword (``split``, ``data_dir``, ``digits``, ...)
 go to the task's constructor.
 
@@ -88,6 +97,7 @@ Version history: v0: initial release.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -105,6 +115,7 @@ from marft_envs.rewards import RewardConfig
 from marft_envs.spaces import UnicodeText, action_space, observation_space
 from marft_envs.tasks import resolve_task_class
 from marft_envs.tasks.base import GradeResult, Problem, Task
+from marft_envs.tools.loop import ToolLoop
 
 __all__ = ["ResetNeededError", "TextTeamEnv", "check_grade_result", "env", "raw_env", "sanitize_action"]
 
@@ -250,6 +261,7 @@ class TextTeamEnv(AECEnv):
         max_action_chars: int = 4096,
         render_mode: str | None = None,
         task_kwargs: Mapping[str, Any] | None = None,
+        tool_config: Mapping[str, Any] | Any = None,
         **task_options: Any,
     ):
         super().__init__()
@@ -270,9 +282,13 @@ class TextTeamEnv(AECEnv):
         self.render_mode = render_mode
         self.metadata = {**type(self).metadata, "name": f"{self.task.name}_{self.team.name}_v0"}
 
+        # Tool calling (marft_envs.tools): the profiles' tools, budgets, parser; inert without tools.
+        self.tool_loop = ToolLoop(self.team, tool_config)
+
         self.possible_agents = self.team.agents
         n = len(self.possible_agents)
         max_prompt = 65_536 + self.horizon * n * (self.max_action_chars + 256)
+        max_prompt += self.horizon * self.tool_loop.extra_prompt_chars(self.max_action_chars)
         # One space object per agent, created once: api_test and seeding rely on identity.
         self._observation_spaces = {a: observation_space(max_prompt, self.horizon) for a in self.possible_agents}
         self._action_spaces = {a: action_space(self.max_action_chars) for a in self.possible_agents}
@@ -351,6 +367,7 @@ class TextTeamEnv(AECEnv):
         self._feedback_lines = []
         self._action_flags = {}
         self._turn_flags = []
+        self.tool_loop.reset()
         self._skip_agent_selection = None
         self.agent_selection = self._next_agent()
         self.stats["episodes"] += 1
@@ -366,7 +383,7 @@ class TextTeamEnv(AECEnv):
         if self.problem is None:
             raise ResetNeededError(f"call reset() before {call}")
 
-    def _view(self, agent: str) -> tuple[str, str]:
+    def _view(self, agent: str, inline: bool | None = True) -> tuple[str, str]:
         """``(system, user)`` text of ``agent``'s observation."""
         self._require_reset("observe()")
         profile = self.team.profiles[agent]
@@ -383,24 +400,51 @@ class TextTeamEnv(AECEnv):
             shown = "\n\n".join(f"[{p}]: {acted[p]}" for p in parents if p in acted)
             header = "Your teammates' responses" + (" in this turn" if self._history else "")
             parts.append(f"{header}:\n{shown}")
+        context_hook = getattr(self.task, "view_context", None)  # optional: e.g. retrieved documents
+        if callable(context_hook):
+            try:
+                extra = context_hook(agent, list(self._executed), self.problem, list(parents))
+            except Exception as e:  # a view must never fail; the hook's bug is logged
+                logger.warning("%s: task.view_context raised %s: %s", self, type(e).__name__, e)
+                extra = None
+            if extra:
+                parts.append(str(extra))
         if profile.with_answer and self.task.instructions:
             parts.append(self.task.instructions)
-        return profile.prompt, "\n\n".join(parts)
+        system = profile.prompt
+        tool_text = self.tool_loop.system_suffix(agent, inline)
+        if tool_text:
+            system = f"{system}\n\n{tool_text}" if system else tool_text
+        return system, "\n\n".join(parts)
 
     def observe(self, agent: str) -> dict[str, Any]:
         """``{"prompt", "turn"}`` of ``agent``'s view (see the module docstring)."""
         system, user = self._view(agent)
         prompt = f"{system}\n\n{user}" if system else user
+        tool_text = self.tool_loop.transcript_text(agent)
+        if tool_text:
+            prompt = f"{prompt}\n\n{tool_text}"
         if len(prompt) > self._max_prompt:  # keep the observation inside its space
             prompt = prompt[: self._max_prompt]
         return {"prompt": prompt, "turn": min(self.turn, self.horizon)}
 
-    def messages(self, agent: str) -> list[dict[str, str]]:
-        """The observation as chat messages: system = profile prompt, user = everything else."""
-        system, user = self._view(agent)
+    def messages(self, agent: str, inline_tools: bool | None = None) -> list[dict[str, str]]:
+        """The observation as chat messages: system = profile prompt, user = everything else,
+        then this turn's tool exchange (``assistant`` and ``tool`` messages), if any.
+
+        With tools, the system message also describes them unless ``inline_tools`` (default:
+        ``tool_config.inline_schemas``) is False; pass ``tools=env.tools(agent)`` to the chat
+        template then. See ``docs/tools.md``."""
+        system, user = self._view(agent, inline_tools)
         msgs = [{"role": "system", "content": system}] if system else []
         msgs.append({"role": "user", "content": user})
+        msgs += self.tool_loop.transcript(agent)
         return msgs
+
+    def tools(self, agent: str) -> list[dict[str, Any]]:
+        """``agent``'s tool schemas in the transformers function-calling form (for
+        ``apply_chat_template(tools=...)``); ``[]`` for an agent without tools."""
+        return self.tool_loop.schemas(agent)
 
     # -------------------------------------------------------------------- step
     def _next_agent(self) -> str:
@@ -441,6 +485,13 @@ class TextTeamEnv(AECEnv):
             flags.append("special_tokens_in_action")
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
+        tool_info = self.tool_loop.step(self, agent, text, flags)
+        if tool_info is not None:  # a tool continuation: the same agent acts again (legal in AEC)
+            self.infos[agent] = tool_info
+            self._accumulate_rewards()
+            if self.render_mode == "human":
+                self.render()
+            return
         self._executed.append((agent, text))
         self._action_flags[agent] = flags
         for flag in self.team.topology.step_flags(self._executed):
@@ -499,6 +550,10 @@ class TextTeamEnv(AECEnv):
         answer_agent = answerers[-1] if answerers else None
         grade = self._grade(answer_agent)
         components = self.reward_config.components(grade, [x for _, x in executed])
+        tool_extras: dict[str, Any] = {}
+        if self.tool_loop.enabled:
+            tool_components, tool_extras = self.tool_loop.end_turn(self, self.problem)
+            components.update(tool_components)
         team_reward = RewardConfig.total(components)
         if not math.isfinite(team_reward):
             team_reward = 0.0
@@ -527,6 +582,7 @@ class TextTeamEnv(AECEnv):
                 "answer_agent": answer_agent,
                 "executed": list(acted),
                 "problem_id": self.problem.id if self.problem else None,
+                **copy.deepcopy(tool_extras),
             }
 
         solved = bool(grade.correct)

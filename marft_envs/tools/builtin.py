@@ -1,0 +1,118 @@
+"""Built-in tools: ``calculator``, ``python`` (the code sandbox) and ``search`` (the task's corpus).
+
+=============  ==========================================  =====================================
+name           arguments                                   runs
+=============  ==========================================  =====================================
+calculator     ``expression`` (string, <= 500 chars)       in process, bounded (no ``eval``)
+python         ``code`` (string, <= 8000 chars)            :func:`marft_envs.sandbox.run_program`
+search         ``query`` (string), ``k`` (1-10, default 3)  the task's retriever (BM25 by default)
+=============  ==========================================  =====================================
+
+``python`` prints what the program prints (stdout, then stderr if it failed);
+the program gets :data:`PYTHON_TIMEOUT` seconds and :data:`PYTHON_MEMORY_MB` MB
+in the strongest isolation the machine offers. ``search`` needs a task with a
+``search_documents(query, k, problem)`` method (:class:`~marft_envs.tasks.rag.RAGTask`);
+on other tasks it answers with an error message.
+"""
+
+from __future__ import annotations
+
+from marft_envs.tools.base import Tool, ToolContext, ToolError, ToolTimeoutError, register_tool
+from marft_envs.tools.calculator import CalculatorError, calculate
+
+__all__ = ["PYTHON_MEMORY_MB", "PYTHON_TIMEOUT", "calculator_tool", "python_tool", "search_tool"]
+
+PYTHON_TIMEOUT = 5.0
+PYTHON_MEMORY_MB = 512
+
+
+def _calculator(expression: str) -> str:
+    try:
+        return calculate(expression)
+    except CalculatorError as e:
+        raise ToolError(str(e)) from None
+
+
+def _python(code: str) -> str:
+    from marft_envs.sandbox import run_program
+
+    result = run_program(code, timeout=PYTHON_TIMEOUT, memory_mb=PYTHON_MEMORY_MB, max_output=16_384)
+    if result.timed_out:
+        raise ToolTimeoutError(f"the program ran longer than {PYTHON_TIMEOUT:g} s and was stopped")
+    out = result.stdout
+    if result.exit_code != 0:
+        err = result.stderr.strip().splitlines()
+        tail = "\n".join(err[-8:])
+        raise ToolError(f"the program exited with status {result.exit_code}\n{out}{tail}".strip())
+    return out if out.strip() else "(the program printed nothing; use print())"
+
+
+def _search(context: ToolContext, query: str, k: int = 3) -> str:
+    search = getattr(context.task, "search_documents", None)
+    if not callable(search):
+        raise ToolError("this task has no corpus to search")
+    docs = search(query, int(k), context.problem)
+    if not docs:
+        return "No documents found."
+    return "\n".join(f"[{d.id}] {d.title}: {d.text}" for d in docs)
+
+
+def calculator_tool() -> Tool:
+    """The ``calculator`` tool (see :mod:`marft_envs.tools.calculator`)."""
+    return Tool(
+        name="calculator",
+        description="Evaluate an arithmetic expression exactly, e.g. '(47 - 18) * 3' or 'sqrt(2) / 4'.",
+        parameters={
+            "type": "object",
+            "properties": {"expression": {"type": "string", "maxLength": 500, "description": "the expression"}},
+            "required": ["expression"],
+            "additionalProperties": False,
+        },
+        fn=_calculator,
+    )
+
+
+def python_tool() -> Tool:
+    """The ``python`` tool: runs a program in the code sandbox and returns what it prints."""
+    return Tool(
+        name="python",
+        description="Run a short Python program in a sandbox (no network, no files kept) and return what it prints.",
+        parameters={
+            "type": "object",
+            "properties": {"code": {"type": "string", "maxLength": 8000, "description": "a complete Python program"}},
+            "required": ["code"],
+            "additionalProperties": False,
+        },
+        fn=_python,
+        # the sandbox kills the program at PYTHON_TIMEOUT; the margin covers process start-up
+        timeout=PYTHON_TIMEOUT + 25.0,
+    )
+
+
+def search_tool() -> Tool:
+    """The ``search`` tool: the task's retriever over its local corpus."""
+    return Tool(
+        name="search",
+        description="Search the document collection; returns the best-matching documents as '[id] title: text'.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "maxLength": 500, "description": "what to look for"},
+                "k": {"type": "integer", "minimum": 1, "maximum": 10, "description": "how many documents (default 3)"},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+        fn=_search,
+        pass_context=True,
+    )
+
+
+def _register() -> None:
+    for factory in (calculator_tool, python_tool, search_tool):
+        register_tool(factory, factory().name)
+
+
+_register()
+
+

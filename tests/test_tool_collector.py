@@ -1,0 +1,54 @@
+"""Today's collector with a tool-using team: a tool continuation is one more transition of
+the same agent, and the next prompt carries the tool result (see docs/tools.md, "Contract
+for trainers", for what a collector still has to do to keep ids exact across segments)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import marft_envs
+from marft_algos.rollout import RolloutCollector
+
+models = pytest.importorskip("marft_algos.models")
+
+
+class ScriptedPolicy:
+    """Char-level ids, no model: the actor calls the calculator, then answers with its result."""
+
+    def encode(self, role, messages):
+        return [ord(c) for c in "\n".join(f"<{m['role']}>{m['content']}" for m in messages)]
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            prompt = "".join(chr(i) for i in r.prompt_ids)
+            for _ in range(r.n):
+                text = self.say(r.role, prompt)
+                ids = [ord(c) for c in text] + [0]
+                out.append(models.GenResult(token_ids=ids, text=text, logprobs=[-0.5] * len(ids), finish_reason="eos"))
+        return out
+
+    @staticmethod
+    def say(role, prompt):
+        if role == "reasoner":
+            return "Use the calculator."
+        result = re.search(r"<tool>(.*)$", prompt, re.S)
+        if result:
+            return f"\\boxed{{{result.group(1).strip()}}}"
+        expr = re.search(r"What is (.+)\?", prompt).group(1)
+        return "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": expr}}) + "</tool_call>"
+
+
+def test_tool_continuation_is_another_transition_of_the_same_agent():
+    col = RolloutCollector(lambda: marft_envs.make("arith-calc-duo-v0"), ScriptedPolicy(), num_envs=4, group_size=2, seed=0)
+    batch = col.collect()
+    for ep in batch.episodes:
+        agents = [t.agent for t in ep.transitions]
+        assert agents == ["reasoner", "actor", "actor"]
+        call, answer = ep.transitions[1], ep.transitions[2]
+        assert call.info["tool_turn"] and call.info["tool_messages"][0]["role"] == "tool"
+        assert "<tool>" in "".join(chr(i) for i in answer.prompt_ids)  # the result is in the next prompt
+        assert ep.correct and answer.team_reward == 1.0
