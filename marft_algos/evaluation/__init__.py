@@ -51,6 +51,7 @@ from marft_algos.evaluation.policies import (
     checkpoint_env,
     checkpoint_policy,
     read_run_config,
+    saved_roles,
     team_kwargs,
     untrained_policy,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "run_compare",
     "run_leaderboard",
     "run_samples",
+    "saved_roles",
     "sampling_overrides",
     "select_suites",
     "summarize",

@@ -52,6 +52,7 @@ from marft_algos.evaluation.policies import (
     TrainedPolicy,
     checkpoint_policy,
     read_run_config,
+    saved_roles,
     team_kwargs,
     untrained_policy,
 )
@@ -221,7 +222,8 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     selected = select_suites(args)
     ckpts = [_parse_ckpt(c) for c in args.checkpoint or []]
-    configs = {label: read_run_config(path)[0] for label, path in ckpts}  # fail fast on a bad path
+    runs = {label: read_run_config(path) for label, path in ckpts}  # fail fast on a bad path
+    roles_of = {label: saved_roles(config, ckpt) for label, (config, ckpt) in runs.items()}
     ev = eval_kwargs(args)
     model = args.model or DEFAULT_MODEL
     out_dir = Path(args.out)
@@ -275,13 +277,12 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
             del policy
             gc.collect()
             for label, path in ckpts:
-                trained: TrainedPolicy = checkpoint_policy(path)
-                match = match_checkpoint(suite, configs[label], trained.roles, split)
+                match = match_checkpoint(suite, runs[label][0], roles_of[label], split)
                 if isinstance(match, str):
                     print(f"[leaderboard] {suite.name}: checkpoint {label} skipped: {match}")
-                    del trained
                     continue
                 env_id, kwargs = match
+                trained: TrainedPolicy = checkpoint_policy(path)
                 t0 = time.perf_counter()
                 recs = run_samples(trained.policy, env_id, split=split, env_kwargs=kwargs, problems=problems, k=args.k, seed=args.seed, **ev)
                 record(suite, f"trained {label}", env_id, recs, time.perf_counter() - t0, args.k)

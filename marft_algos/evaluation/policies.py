@@ -31,6 +31,7 @@ __all__ = [
     "untrained_policy",
     "checkpoint_policy",
     "read_run_config",
+    "saved_roles",
     "team_kwargs",
     "checkpoint_env",
     "check_roles",
@@ -124,6 +125,20 @@ def check_roles(env_id: str, env_kwargs: dict[str, Any], roles: list[str], what:
     return agents
 
 
+def saved_roles(config: Any, ckpt: Path) -> list[str]:
+    """The roles the policy in checkpoint dir ``ckpt`` was saved with (its ``policy.json``;
+    for a save without that list, the run's own team)."""
+    meta_path = ckpt / "policy" / "policy.json"
+    roles: list[str] = []
+    if meta_path.is_file():
+        roles = list(json.loads(meta_path.read_text()).get("roles", []))
+    if not roles:
+        import marft_envs
+
+        roles = marft_envs.spec(config.env_id).agents_for(**config.env_kwargs)
+    return roles
+
+
 def checkpoint_policy(checkpoint: str | os.PathLike[str]) -> TrainedPolicy:
     """The trained policy stored in a run dir / checkpoint dir (one loader for every caller).
 
@@ -133,14 +148,7 @@ def checkpoint_policy(checkpoint: str | os.PathLike[str]) -> TrainedPolicy:
     from marft_algos.trainer import make_policy
 
     config, ckpt = read_run_config(checkpoint)
-    meta_path = ckpt / "policy" / "policy.json"
-    roles: list[str] = []
-    if meta_path.is_file():
-        roles = list(json.loads(meta_path.read_text()).get("roles", []))
-    if not roles:  # an older save without the roles list: the run's own team
-        import marft_envs
-
-        roles = marft_envs.spec(config.env_id).agents_for(**config.env_kwargs)
+    roles = saved_roles(config, ckpt)
     policy = make_policy(config, roles)
     policy.load(ckpt / "policy")
     return TrainedPolicy(policy=policy, config=config, path=ckpt, roles=roles)
