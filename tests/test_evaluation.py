@@ -199,8 +199,8 @@ def test_suite_file_runs_every_team_unless_teams_selects(tmp_path: Path, capsys:
 
 def test_compare_separates_an_agents_own_change_from_its_inputs(tmp_path: Path) -> None:
     """Agent-by-agent MARFT, one update (the entropy bonus moves it even at reward 0): only the
-    reasoner moves. Its successor's text
-    changes with its inputs, but on frozen inputs it writes what the untrained actor wrote."""
+    reasoner moves. The actor's text changes with its inputs, but on frozen inputs it writes
+    what the untrained actor wrote."""
     from safetensors.torch import load_file
 
     from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer

@@ -19,9 +19,10 @@ kinds of change:
 - ``input_changed``: its prompt differs (its predecessors acted differently);
 - ``own_change``: on frozen inputs (the exact prompts A's agent saw), A's and B's policy for
   this agent write different texts. Both re-runs decode the same prompts in the same batch
-  with the same seed, so an agent whose weights did not change has own change 0 (exactly,
-  under greedy decoding), and an ``action_changed`` without ``own_change`` came from its
-  inputs. With sampling (``--temperature`` > 0) the seeds are shared too, but a changed
+  with the same seed, so an agent whose weights did not change has own change 0 under
+  greedy decoding (batched decoding could in principle flip a near-tie through float
+  rounding; a test checks the untrained-successor case is exactly 0), and an
+  ``action_changed`` without ``own_change`` came from its inputs. With sampling (``--temperature`` > 0) the seeds are shared too, but a changed
   predecessor shifts the random stream of later rows; read it as an upper bound there.
 """
 
