@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark scripts: versions, tables, memory probes, policies.
 
 Kept dependency-light (no pandas): tables are lists of dicts written as CSV and Markdown.
-The report and policy helpers live in :mod:`marft_algos.leaderboard` (installed with
+The report and policy helpers live in :mod:`marft_algos.evaluation` (installed with
 marft, so ``marft leaderboard`` has them) and are re-exported here.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from marft_algos.leaderboard import (
+from marft_algos.evaluation import (
     checkpoint_policy,
     fmt,
     markdown_table,

@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
 from benchmarks._common import markdown_table, untrained_policy, versions, write_csv, write_json  # noqa: E402
-from marft_algos.leaderboard import run_samples, summarize  # noqa: E402
+from marft_algos.evaluation import run_samples, summarize  # noqa: E402
 
 __all__ = ["main", "build_parser", "HEADLINE_COLUMNS", "CURVE_COLUMNS", "ALGO_DEFAULTS"]
 
@@ -79,7 +79,7 @@ def _config(algo: str, args: argparse.Namespace, out: Path) -> Any:
     }
     import marft_envs
 
-    agents = marft_envs.make(args.env).possible_agents
+    agents = marft_envs.spec(args.env).agents
     sampling: dict[str, Any] = {"temperature": args.train_temperature}
     if args.max_new_tokens:
         sampling["max_new_tokens"] = args.max_new_tokens
@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.time()
     rows: list[dict[str, Any]] = []
     for label, env_id in (("untrained solo", solo_env), ("untrained duo", args.env)):
-        policy = untrained_policy(marft_envs.make(env_id).possible_agents, args.model)
+        policy = untrained_policy(marft_envs.spec(env_id).agents, args.model)
         s = _eval(policy, env_id, problems, args)
         rows.append({"system": label, "env_id": env_id, **s, "steps": 0, "train_minutes": 0.0, "status": "ok"})
         print(f"[headline] {label}: {s['accuracy']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] on {s['problems']}", flush=True)

@@ -1,6 +1,6 @@
 """Leaderboard: systems x env suites with fixed seeds -> Markdown table, CSV and plot.
 
-A thin script around :mod:`marft_algos.leaderboard` (installed with marft, also
+A thin script around :mod:`marft_algos.evaluation.leaderboard` (installed with marft, also
 ``marft leaderboard``); both take the same options:
 
     python benchmarks/leaderboard.py --suite arith --k 1 --temperature 0.7 --max-new-tokens 128 --out runs/leaderboard-arith
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from marft_algos.leaderboard import *  # noqa: F403  (the script's names, for `import benchmarks.leaderboard`)
-from marft_algos.leaderboard import __all__, main  # noqa: F401
+from marft_algos.evaluation import *  # noqa: F403  (the script's names, for `import benchmarks.leaderboard`)
+from marft_algos.evaluation import __all__, main  # noqa: F401
 
 if __name__ == "__main__":
     sys.exit(main(prog="benchmarks/leaderboard.py"))

@@ -45,7 +45,7 @@ def _die(msg: str) -> typing.NoReturn:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``marft`` parser with one sub-parser per command (``train`` takes more flags, see :func:`build_config`)."""
-    from marft_algos.leaderboard import add_arguments as add_leaderboard_arguments
+    from marft_algos.evaluation.leaderboard import add_arguments as add_leaderboard_arguments
 
     p = argparse.ArgumentParser(prog="marft", description="Multi-agent reinforcement fine-tuning of LLM teams.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a team on held-out problems")
     e.add_argument("--env", help="environment id (default: the checkpoint's)")
     e.add_argument("--checkpoint", help="run dir or checkpoint dir; omit to evaluate the untrained --model")
-    e.add_argument("--model", default="smollm2-135m", help="base model for an untrained team")
+    e.add_argument("--model", default="smollm2-135m", help="base model of the untrained team (no adapters)")
     e.add_argument("--split", default="test")
     e.add_argument("--n", type=int, default=200, help="number of problems (indices 0..n-1)")
     e.add_argument("--start-index", type=int, default=0)
@@ -196,22 +196,28 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``marft eval``: accuracy of a checkpoint, or of the untrained ``--model``, on problems 0..n-1."""
-    from marft_algos.evaluation import evaluate, evaluate_checkpoint
+    """``marft eval``: accuracy of a checkpoint, or of the untrained ``--model``, on problems 0..n-1.
 
+    On another ``--env`` than its run's, a checkpoint keeps its team but not the run's task
+    options (see :func:`marft_algos.evaluation.policies.checkpoint_env`).
+    """
+    from marft_algos.evaluation import evaluate, evaluate_checkpoint, untrained_policy
+
+    if args.n < 1:
+        _die(f"--n must be at least 1 (the number of problems to evaluate), got {args.n}")
+    if args.start_index < 0:
+        _die(f"--start-index must be >= 0, got {args.start_index}")
+    if args.env:
+        _check_env(args.env)
     kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed)
     if args.checkpoint:
         result = evaluate_checkpoint(args.checkpoint, args.env, **kwargs)
     else:
         if not args.env:
             _die("eval needs --env (or --checkpoint, whose run names its env)")
-        _check_env(args.env)
         import marft_envs
-        from marft_algos.config import GRPOConfig
-        from marft_algos.trainer import make_policy
 
-        agents = marft_envs.make(args.env, split=args.split).possible_agents
-        policy = make_policy(GRPOConfig(model=args.model, env_id=args.env), agents)
+        policy = untrained_policy(marft_envs.spec(args.env).agents_for(split=args.split), args.model)
         result = evaluate(policy, args.env, label=f"untrained {args.model}", **kwargs)
     print(result)
     if args.json_out:
@@ -264,6 +270,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     from marft_algos.trainer import get_algorithm
 
     _check_env(args.env)
+    if args.eval_n < 1:
+        _die(f"--eval-n must be at least 1 (held-out problems per evaluation), got {args.eval_n}")
     spec = get_algorithm(args.algo)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -286,7 +294,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
             _die(f"--env-kwargs is not valid JSON: {e}")
     elif args.env.startswith("arith-"):
         base["env_kwargs"] = dict(QUICKSTART_ARITH_LEVEL)
-    agents = marft_envs.make(args.env, **base.get("env_kwargs", {})).possible_agents
+    agents = marft_envs.spec(args.env).agents_for(**base.get("env_kwargs", {}))
     base["sampling_overrides"] = {a: dict(QUICKSTART_SAMPLING.get(a, {"temperature": 0.7})) for a in agents}
     if spec.name == "grpo":
         base["group_size"] = 4
@@ -330,10 +338,10 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.checkpoint import CheckpointError
     from marft_algos.config import ConfigError
-    from marft_algos.leaderboard import LeaderboardError
+    from marft_algos.evaluation.errors import EvaluationError
     from marft_algos.trainer import UnknownAlgorithmError
 
-    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, LeaderboardError]
+    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError]
     try:
         import marft_envs
 
@@ -361,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list-algos":
             return cmd_list_algos()
         if args.command == "leaderboard":
-            from marft_algos.leaderboard import run as run_leaderboard
+            from marft_algos.evaluation.leaderboard import run as run_leaderboard
 
             return run_leaderboard(args)
         if args.command == "quickstart":

@@ -92,6 +92,8 @@ class EnvSpec:
         kwargs: default keyword arguments (JSON-safe; deep-copied by ``make``).
         description: one line shown by :func:`pprint_registry`.
         namespace, name, version: parsed from ``id``.
+        agents: the env's ``possible_agents``, read from its team without building it
+            (``spec(id).agents``; :meth:`agents_for` with kwargs overrides).
     """
 
     id: str
@@ -119,6 +121,29 @@ class EnvSpec:
                 f"kwargs of {self.id!r} must be JSON-serializable (small ids, paths and numbers, "
                 f"not datasets or models): {e}"
             ) from None
+
+    @property
+    def agents(self) -> list[str]:
+        """The ``possible_agents`` of ``make(id)``, read from the team (see :meth:`agents_for`)."""
+        return self.agents_for()
+
+    def agents_for(self, **kwargs: Any) -> list[str]:
+        """The ``possible_agents`` of ``make(id, **kwargs)`` without building the env.
+
+        The team is the ``team`` or ``profiles`` keyword (the registered one updated with
+        ``kwargs``): a built-in team name, a JSON path, a profile list or a
+        :class:`~marft_envs.profiles.Team`. Reading it loads no task and no data set.
+        An entry point that takes no team keyword (it builds its team itself) is called
+        once with the merged kwargs to read ``possible_agents``, since nothing else can
+        tell its agents.
+        """
+        merged = {**self.kwargs, **kwargs}
+        source = merged.get("team", merged.get("profiles"))
+        if source is not None:
+            from marft_envs.profiles import Team
+
+            return list(Team.load(source).agents)
+        return list(self.make(**kwargs).possible_agents)
 
     def make(self, **kwargs: Any) -> Any:
         """Instantiate: the registered kwargs (deep-copied) updated with ``kwargs``."""

@@ -2,7 +2,7 @@
 
 Each script runs end to end with minimal settings and writes its table, CSV and plot
 with the expected columns. Runs that take more than ~30 s are marked ``slow``. The
-leaderboard lives in the package (``marft_algos.leaderboard``, also ``marft leaderboard``);
+leaderboard lives in the package (``marft_algos.evaluation``, also ``marft leaderboard``);
 ``benchmarks/leaderboard.py`` is a thin script around it.
 """
 
@@ -31,9 +31,9 @@ def _load(name: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def lb() -> ModuleType:
-    import marft_algos.leaderboard
+    import marft_algos.evaluation
 
-    return marft_algos.leaderboard
+    return marft_algos.evaluation
 
 
 def _csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -97,6 +97,16 @@ def test_script_is_a_thin_wrapper_of_the_package(lb: ModuleType) -> None:
     assert proc.returncode == 0 and "usage: benchmarks/leaderboard.py" in proc.stdout and "--compare" in proc.stdout
 
 
+def test_former_leaderboard_module_re_exports_the_package(lb: ModuleType) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a shim, not a deprecation
+        import marft_algos.leaderboard as old
+    assert set(old.__all__) == set(lb.__all__)
+    assert all(getattr(old, name) is getattr(lb, name) for name in lb.__all__)
+
+
 def test_cli_has_the_leaderboard_options(lb: ModuleType) -> None:
     from marft_algos.cli import build_parser
 
@@ -118,7 +128,7 @@ def test_cli_has_the_leaderboard_options(lb: ModuleType) -> None:
 )
 def test_temperature_default_is_decided_by_the_parser(lb: ModuleType, argv: list[str], expected: tuple) -> None:
     args = lb.build_parser().parse_args(argv)
-    assert (lb._eval_kwargs(args)["temperature"], lb._eval_kwargs(args, default_temperature=0.0)["temperature"]) == expected
+    assert (lb.eval_kwargs(args)["temperature"], lb.eval_kwargs(args, default_temperature=0.0)["temperature"]) == expected
 
 
 def test_bad_leaderboard_input_is_one_line(lb: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

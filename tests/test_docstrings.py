@@ -17,7 +17,7 @@ PACKAGES = ("marft_envs", "marft_algos")
 # The benchmark scripts are outside the packages: listed here so they stay documented too.
 COMPLETE = (
     "marft_algos/cli.py",
-    "marft_algos/evaluation.py",
+    "marft_algos/evaluation/*.py",
     "marft_algos/leaderboard.py",
     "benchmarks/*.py",
 )

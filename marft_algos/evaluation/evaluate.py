@@ -3,40 +3,28 @@
 Problems are taken by index (``reset(options={"problem_index": k})``) from the given
 split, so two evaluations of the same ``n`` see the same problems; agents use their
 profiles' eval sampling settings (or greedy decoding). Accuracy comes with a 95% Wilson
-score interval, which stays inside [0, 1] and is sensible for small n and p near 0 or 1.
+score interval (:func:`~marft_algos.evaluation.report.wilson_interval`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from marft_algos.evaluation.errors import EvaluationError
+from marft_algos.evaluation.policies import check_roles, checkpoint_env, checkpoint_policy
+from marft_algos.evaluation.report import wilson_interval
 
-from marft_algos.rollout import Episode, RolloutCollector
+if TYPE_CHECKING:
+    from marft_algos.rollout import Episode
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["EvalResult", "wilson_interval", "evaluate", "evaluate_checkpoint", "format_table"]
-
-
-def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval for k successes out of n (95% by default)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends (no 1e-17 rounding residue)
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return (lo, hi)
+__all__ = ["EvalResult", "evaluate", "evaluate_checkpoint", "format_table"]
 
 
 @dataclass
@@ -91,10 +79,17 @@ def evaluate(
 ) -> EvalResult:
     """Play one episode on each of problems ``start_index .. start_index + n - 1``.
 
-    The torch RNG is forked (sampling here never shifts a training run's random stream).
+    Raises :class:`~marft_algos.evaluation.errors.EvaluationError` when there is no
+    problem to play (``n < 1``, or ``start_index`` past the end of the split). The torch
+    RNG is forked (sampling here never shifts a training run's random stream).
     """
-    import marft_envs
+    import torch
 
+    import marft_envs
+    from marft_algos.rollout import RolloutCollector
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise EvaluationError(f"the number of problems to evaluate must be an integer >= 1, got {n!r}")
     if env_fn is None:
         if env_id is None:
             raise ValueError("evaluate needs env_id or env_fn")
@@ -102,10 +97,12 @@ def evaluate(
         kwargs["split"] = split
         env_fn = lambda: marft_envs.make(env_id, **kwargs)  # noqa: E731
     probe = env_fn()
-    total = int(getattr(probe, "num_problems", n))
+    total = int(getattr(probe, "num_problems", start_index + n))
+    if start_index >= total:
+        raise EvaluationError(f"the {split} split has {total} problems: start index {start_index} leaves none to evaluate")
     if start_index + n > total:
-        _log.warning("the %s split has %d problems: evaluating %d from index %d, not %d", split, total, max(0, total - start_index), start_index, n)
-    n = max(0, min(n, total - start_index))
+        _log.warning("the %s split has %d problems: evaluating %d from index %d, not %d", split, total, total - start_index, start_index, n)
+    n = min(n, total - start_index)
     overrides: dict[str, dict[str, Any]] = {a: dict(v) for a, v in (sampling_overrides or {}).items()}
     if greedy:
         for agent in probe.possible_agents:
@@ -124,26 +121,26 @@ def evaluate(
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         torch.manual_seed(seed)
-        batch = collector.run(resets) if n else None
+        batch = collector.run(resets)
     seconds = time.perf_counter() - t0
-    episodes = batch.episodes if batch is not None else []
+    episodes = batch.episodes
     correct = sum(bool(ep.correct) for ep in episodes)
     lo, hi = wilson_interval(correct, len(episodes))
     per_agent: dict[str, list[int]] = {}
     for ep in episodes:
         for t in ep.transitions:
             per_agent.setdefault(t.agent, []).append(t.num_tokens)
-    m = batch.metrics if batch is not None else {}
+    m = batch.metrics
     return EvalResult(
         env_id=env_id or getattr(probe, "metadata", {}).get("name", "env"),
         split=split,
         n=len(episodes),
         correct=correct,
-        accuracy=correct / len(episodes) if episodes else float("nan"),
+        accuracy=correct / len(episodes),
         ci_low=lo,
         ci_high=hi,
-        mean_tokens=sum(ep.num_tokens for ep in episodes) / max(len(episodes), 1),
-        mean_reward=sum(ep.team_return for ep in episodes) / max(len(episodes), 1),
+        mean_tokens=sum(ep.num_tokens for ep in episodes) / len(episodes),
+        mean_reward=sum(ep.team_return for ep in episodes) / len(episodes),
         verifier_timeouts=int(m.get("rollout/verifier_timeouts", 0)),
         overlong=int(m.get("rollout/overlong", 0)),
         seconds=seconds,
@@ -160,26 +157,18 @@ def evaluate_checkpoint(
 ) -> EvalResult:
     """Load the policy stored in a checkpoint (or run dir) and :func:`evaluate` it.
 
-    ``env_id`` defaults to the run's environment; env kwargs of the run are reused.
+    ``env_id`` defaults to the run's environment, played with the run's env kwargs; on
+    another env only the run's team kwargs go with it (see
+    :func:`~marft_algos.evaluation.policies.checkpoint_env`). ``env_kwargs`` in
+    ``kwargs`` replaces that choice.
     """
-    from marft_algos.checkpoint import find_checkpoint
-    from marft_algos.config import config_from_dict
-    from marft_algos.trainer import get_algorithm, make_policy
-
-    ckpt = find_checkpoint(checkpoint)
-    data = json.loads((ckpt / "config.json").read_text())
-    spec = get_algorithm(data.get("algo", "grpo"))
-    config = config_from_dict(spec.config_cls, data)
-    env_id = env_id or config.env_id
-    import marft_envs
-
-    agents = list(marft_envs.make(env_id, **{**config.env_kwargs, "split": kwargs.get("split", "test")}).possible_agents)
-    policy = make_policy(config, agents)
-    policy.load(ckpt / "policy")
-    kwargs.setdefault("env_kwargs", dict(config.env_kwargs) if env_id == config.env_id else {})
-    kwargs.setdefault("max_context", config.max_context)
-    kwargs.setdefault("label", f"checkpoint {ckpt.name}")
-    return evaluate(policy, env_id, **kwargs)
+    trained = checkpoint_policy(checkpoint)
+    env_id, env_kwargs = checkpoint_env(trained.config, env_id)
+    env_kwargs = dict(kwargs.pop("env_kwargs", env_kwargs))
+    check_roles(env_id, env_kwargs, trained.roles, f"checkpoint {trained.path}")
+    kwargs.setdefault("max_context", trained.config.max_context)
+    kwargs.setdefault("label", f"checkpoint {trained.path.name}")
+    return evaluate(trained.policy, env_id, env_kwargs=env_kwargs, **kwargs)
 
 
 def format_table(results: list[EvalResult]) -> str:

@@ -1,0 +1,139 @@
+"""Evaluation: held-out accuracy, the leaderboard and the regression view.
+
+Modules (standard library only at import time; the model stack loads on first use):
+
+==============  =====================================================================
+``report``      the Wilson interval, table cells, Markdown / CSV / JSON, versions
+``policies``    the untrained team and the checkpoint loader (one of each), env matching
+``evaluate``    :func:`evaluate` a policy on problems 0..n-1, :func:`evaluate_checkpoint`
+``samples``     k seeded episodes per problem as :class:`SampleRecord` rows, summaries
+``majority``    the majority-vote baseline at a team's sample budget
+``suites``      benchmark suites as data (built-in, ``--suite-file``, :func:`register_suite`)
+``leaderboard`` the leaderboard run and its CLI (``marft leaderboard``)
+``compare``     the regression view (``marft leaderboard --compare A B``)
+``plots``       the leaderboard plot
+==============  =====================================================================
+"""
+
+from __future__ import annotations
+
+from marft_algos.evaluation.compare import (
+    COMPARE_COLUMNS,
+    UNTRAINED,
+    agent_stats,
+    replay_frozen,
+    run_compare,
+)
+from marft_algos.evaluation.errors import EvaluationError, LeaderboardError
+from marft_algos.evaluation.evaluate import EvalResult, evaluate, evaluate_checkpoint, format_table
+from marft_algos.evaluation.leaderboard import (
+    COLUMNS,
+    DEFAULT_MODEL,
+    DEFAULT_TEMPERATURE,
+    add_arguments,
+    build_parser,
+    eval_kwargs,
+    main,
+    match_checkpoint,
+    parse_env_kwargs,
+    problem_indices,
+    run,
+    run_leaderboard,
+    select_suites,
+    write_outputs,
+)
+from marft_algos.evaluation.majority import majority_vote, norm_answer
+from marft_algos.evaluation.plots import plot_leaderboard
+from marft_algos.evaluation.policies import (
+    TEAM_KWARGS,
+    TrainedPolicy,
+    check_roles,
+    checkpoint_env,
+    checkpoint_policy,
+    read_run_config,
+    saved_roles,
+    team_kwargs,
+    untrained_policy,
+)
+from marft_algos.evaluation.report import (
+    fmt,
+    markdown_table,
+    versions,
+    wilson,
+    wilson_interval,
+    write_csv,
+    write_json,
+)
+from marft_algos.evaluation.samples import (
+    SampleRecord,
+    play,
+    run_samples,
+    sampling_overrides,
+    summarize,
+    to_record,
+)
+from marft_algos.evaluation.suites import (
+    BUILTIN_TEAMS,
+    SUITES,
+    Suite,
+    load_suite_file,
+    register_suite,
+)
+
+__all__ = [
+    "BUILTIN_TEAMS",
+    "COLUMNS",
+    "COMPARE_COLUMNS",
+    "DEFAULT_MODEL",
+    "DEFAULT_TEMPERATURE",
+    "EvalResult",
+    "EvaluationError",
+    "LeaderboardError",
+    "SUITES",
+    "SampleRecord",
+    "Suite",
+    "TEAM_KWARGS",
+    "TrainedPolicy",
+    "UNTRAINED",
+    "add_arguments",
+    "agent_stats",
+    "build_parser",
+    "check_roles",
+    "checkpoint_env",
+    "checkpoint_policy",
+    "evaluate",
+    "eval_kwargs",
+    "evaluate_checkpoint",
+    "fmt",
+    "format_table",
+    "load_suite_file",
+    "main",
+    "majority_vote",
+    "markdown_table",
+    "match_checkpoint",
+    "norm_answer",
+    "parse_env_kwargs",
+    "play",
+    "plot_leaderboard",
+    "problem_indices",
+    "read_run_config",
+    "register_suite",
+    "replay_frozen",
+    "run",
+    "run_compare",
+    "run_leaderboard",
+    "run_samples",
+    "saved_roles",
+    "sampling_overrides",
+    "select_suites",
+    "summarize",
+    "team_kwargs",
+    "to_record",
+    "untrained_policy",
+    "versions",
+    "wilson",
+    "wilson_interval",
+    "write_csv",
+    "write_json",
+    "write_outputs",
+]
