@@ -116,7 +116,7 @@ def _config_flag_parser(config_cls: type) -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace, extra: list[str]) -> Any:
     """The algorithm's config from defaults < --config < flags < --set."""
     from marft_algos.config import apply_overrides, config_from_dict, parse_value
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     spec = get_algorithm(args.algo)
     cls = spec.config_cls
@@ -164,7 +164,7 @@ def _check_env(env_id: str) -> None:
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     """``marft train``: build the config, train (or resume) and save into ``--out``."""
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     if args.help:
         print(build_parser().train_parser.format_help())  # type: ignore[attr-defined]
@@ -229,7 +229,7 @@ def cmd_list_envs() -> int:
 
 def cmd_list_algos() -> int:
     """``marft list-algos``: registered algorithms and their one-line descriptions."""
-    from marft_algos.trainer import list_algorithms
+    from marft_algos.registry import list_algorithms
 
     for spec in list_algorithms():
         print(f"{spec.name:<16} {spec.description}")
@@ -261,7 +261,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     """Untrained eval -> timed training with a progress bar -> trained eval -> table + plot."""
     from marft_algos.config import apply_overrides, config_from_dict
     from marft_algos.evaluation import evaluate, format_table
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     _check_env(args.env)
     spec = get_algorithm(args.algo)
@@ -331,7 +331,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.checkpoint import CheckpointError
     from marft_algos.config import ConfigError
     from marft_algos.leaderboard import LeaderboardError
-    from marft_algos.trainer import UnknownAlgorithmError
+    from marft_algos.registry import UnknownAlgorithmError
 
     errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, LeaderboardError]
     try:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marft_algos.registry import algorithm_name
+
 __all__ = [
     "ConfigError",
     "TrainConfig",
@@ -36,6 +38,13 @@ class ConfigError(ValueError):
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+class _AlgorithmName:
+    """``Config.algo``: the name the registry knows the config's algorithm by (None for a shared base)."""
+
+    def __get__(self, obj: Any, owner: type) -> str | None:
+        return algorithm_name(owner)
 
 
 _DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
@@ -88,7 +97,8 @@ class TrainConfig:
     progress: bool = field(default=True, metadata={"help": "Show a tqdm progress bar with the live team reward."})
     plot: bool = field(default=True, metadata={"help": "Write learning_curve.png at the end."})
 
-    algo: typing.ClassVar[str] = "base"
+    #: the registered name of this config's algorithm (from the registry, never restated here)
+    algo = _AlgorithmName()
     #: fields whose dict keys are agent names (validated by check_agents)
     per_agent_fields: typing.ClassVar[tuple[str, ...]] = (
         "model_per_agent",
@@ -180,8 +190,6 @@ class GRPOConfig(TrainConfig):
     loss_agg: str = field(default="token", metadata={"help": "'token' (mean over all tokens of the batch) or 'sequence' (mean per sequence, then over sequences)."})
     beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
 
-    algo: typing.ClassVar[str] = "grpo"
-
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.group_size >= 2, f"GRPO needs group_size >= 2 (a group-relative baseline of one sample is 0), got {self.group_size}")
@@ -217,8 +225,6 @@ class IPPOConfig(TrainConfig):
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
     beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
 
-    algo: typing.ClassVar[str] = "ippo"
-
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(0 <= self.gamma <= 1, f"gamma must be in [0, 1], got {self.gamma}")
@@ -238,7 +244,7 @@ class IPPOConfig(TrainConfig):
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     """JSON-safe dict of a config, with its algorithm name under ``"algo"``."""
     data = dataclasses.asdict(config)
-    data["algo"] = type(config).algo
+    data["algo"] = config.algo
     return data
 
 

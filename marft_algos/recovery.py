@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from marft_algos.seeding import rng_state, set_rng_state
+
 __all__ = ["RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
 
 log = logging.getLogger("marft")
@@ -277,7 +279,7 @@ class CollapseRecovery:
             "history": list(t.history),
             "collector": t.collector.state_dict(),
             "np_rng": t.np_rng.bit_generator.state,
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
         lr_scale = getattr(t, "lr_scale", 1.0) * self.s.lr_factor
         rollbacks, last_nonfinite = list(self.rollbacks), self.detector.last_nonfinite
@@ -293,7 +295,7 @@ class CollapseRecovery:
         t.history = keep["history"]
         t.collector.load_state_dict(keep["collector"])
         t.np_rng.bit_generator.state = keep["np_rng"]
-        _set_rng_state(keep["rng"])
+        set_rng_state(keep["rng"])
         self.detector.load_state_dict(saved["detector"])
         self.detector.last_nonfinite = last_nonfinite  # the skip counter is kept, not rolled back
         # lower every learning rate: the restored states carry the scale in force when they
@@ -339,15 +341,3 @@ class CollapseRecovery:
     def settings_dict(self) -> dict[str, Any]:
         """The thresholds in force, as a dict."""
         return asdict(self.s)
-
-
-def _rng_state() -> dict[str, Any]:
-    from marft_algos.trainer import rng_state
-
-    return rng_state()
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    from marft_algos.trainer import set_rng_state
-
-    set_rng_state(state)

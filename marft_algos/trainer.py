@@ -25,22 +25,19 @@ Extension points for subclasses (e.g. action-/token-level MARFT with a critic):
 - :meth:`state_dict` / :meth:`load_state_dict`: extend with ``super()`` to checkpoint
   extra state (critic weights, value heads, ...).
 
-Register an algorithm with :func:`register_algorithm`; the CLI finds it by name.
-Modules placed in ``marft_algos/algos/`` are imported on first lookup, so a new
-algorithm module that calls ``register_algorithm`` at import time is found by name.
+Register an algorithm with :func:`marft_algos.registry.register_algorithm`; the CLI
+finds it by name (the registry and the seeding helpers used to live here and are still
+importable from this module).
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
-import random
 import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,7 +45,16 @@ import numpy as np
 import torch
 
 from marft_algos.config import GRPOConfig, IPPOConfig, TrainConfig
+from marft_algos.registry import (
+    ALGORITHMS,
+    AlgorithmSpec,
+    UnknownAlgorithmError,
+    get_algorithm,
+    list_algorithms,
+    register_algorithm,
+)
 from marft_algos.rollout import RolloutBatch, RolloutCollector, Transition, iter_minibatches
+from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 
 __all__ = [
     "ALGORITHMS",
@@ -60,72 +66,16 @@ __all__ = [
     "Trainer",
     "pad_sequences",
     "make_policy",
+    "seed_everything",
+    "rng_state",
+    "set_rng_state",
 ]
 
 
-# --------------------------------------------------------------------------------------
-# registry
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """A registered algorithm: its trainer class, config class and a one-line summary."""
-
-    name: str
-    trainer_cls: type[Trainer]
-    config_cls: type[TrainConfig]
-    description: str = ""
-
-
-ALGORITHMS: dict[str, AlgorithmSpec] = {}
-
-
-class UnknownAlgorithmError(KeyError):
-    """An algorithm name that is not registered (the message suggests close names)."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
-
-
-def register_algorithm(
-    name: str,
-    trainer_cls: type[Trainer],
-    config_cls: type[TrainConfig],
-    description: str = "",
-    *,
-    overwrite: bool = False,
-) -> AlgorithmSpec:
-    """Register ``trainer_cls`` / ``config_cls`` under ``name`` (e.g. ``"marft-action"``)."""
-    if name in ALGORITHMS and not overwrite and ALGORITHMS[name].trainer_cls is not trainer_cls:
-        raise ValueError(f"algorithm {name!r} is already registered ({ALGORITHMS[name].trainer_cls.__name__})")
-    if not (isinstance(config_cls, type) and issubclass(config_cls, TrainConfig)):
-        raise TypeError(f"config_cls must be a TrainConfig subclass, got {config_cls!r}")
-    doc = description or next(iter((trainer_cls.__doc__ or "").strip().splitlines()), "")
-    spec = AlgorithmSpec(name=name, trainer_cls=trainer_cls, config_cls=config_cls, description=doc)
-    ALGORITHMS[name] = spec
-    return spec
-
-
 def _discover() -> None:
-    """Import every module of ``marft_algos.algos`` (they register themselves)."""
-    import marft_algos.algos  # noqa: F401  (its __init__ imports all algorithm modules)
+    """Import every registered algorithm (kept for scripts written against the old registry)."""
+    list_algorithms()
 
-
-def get_algorithm(name: str) -> AlgorithmSpec:
-    """Look up an algorithm by name; unknown names raise with a "did you mean" hint."""
-    _discover()
-    if name not in ALGORITHMS:
-        close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UnknownAlgorithmError(f"unknown algorithm {name!r}{hint} (available: {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[name]
-
-
-def list_algorithms() -> list[AlgorithmSpec]:
-    """Every registered algorithm, sorted by name."""
-    _discover()
-    return [ALGORITHMS[k] for k in sorted(ALGORITHMS)]
 
 
 # --------------------------------------------------------------------------------------
@@ -152,34 +102,6 @@ def _lr_lambda(warmup: int, total: int, kind: str) -> Callable[[int], float]:
         return 1.0
 
     return f
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, numpy's and torch's global RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, numpy and torch RNG states (restored exactly on resume)."""
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore states written by :func:`rng_state`."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
@@ -693,7 +615,7 @@ class Trainer(ABC):
                 opt_states[k] = opt.state_dict()
         sched_states = {k: s.state_dict() for k, s in self.schedulers.items()}
         return {
-            "algo": type(self.config).algo,
+            "algo": self.config.algo,
             "global_step": self.global_step,
             "optimizer_steps": dict(self.optimizer_steps),
             "counters": dict(self.counters),

@@ -25,7 +25,7 @@ import numpy as np
 
 from marft_algos.config import GRPOConfig
 from marft_algos.rollout import Episode, RolloutBatch, Transition
-from marft_algos.trainer import Trainer, register_algorithm
+from marft_algos.trainer import Trainer
 
 __all__ = ["GRPOTrainer"]
 
@@ -136,6 +136,3 @@ class GRPOTrainer(Trainer):
             for t in trs:
                 t.advantage = float(a)
                 t.returns = float(R)
-
-
-register_algorithm("grpo", GRPOTrainer, GRPOConfig, "GRPO: group-relative advantages (global or agent-wise), DAPO clip-higher and dynamic sampling")

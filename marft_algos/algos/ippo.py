@@ -24,7 +24,7 @@ import torch
 
 from marft_algos.config import IPPOConfig
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import Trainer, register_algorithm
+from marft_algos.trainer import Trainer
 
 __all__ = ["IPPOTrainer", "agent_chains"]
 
@@ -177,6 +177,3 @@ class IPPOTrainer(Trainer):
                 for p, t in zip(self.value_parameters(agent), tensors, strict=True):
                     p.copy_(t.to(p.device, p.dtype))
         super().load_state_dict(state)
-
-
-register_algorithm("ippo", IPPOTrainer, IPPOConfig, "Independent PPO: one value head per agent on the frozen base, per-agent GAE")
