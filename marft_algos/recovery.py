@@ -40,15 +40,15 @@ import tempfile
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from marft_algos.config import RecoveryConfig
 from marft_algos.seeding import rng_state, set_rng_state
 
-__all__ = ["RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
+__all__ = ["RecoveryConfig", "RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
 
 log = logging.getLogger("marft")
 
@@ -57,33 +57,8 @@ class CollapseError(RuntimeError):
     """A collapse after the allowed number of rollbacks."""
 
 
-@dataclass
-class RecoverySettings:
-    """Thresholds and actions of collapse recovery (``None`` disables a detector)."""
-
-    entropy_factor: float | None = 3.0
-    entropy_min_delta: float = 1.0
-    entropy_max: float | None = None
-    kl_max: float | None = 1.0
-    ref_kl_max: float | None = None
-    reward_drop: float | None = 0.5
-    reward_min: float = 0.2
-    reward_ema: float = 0.5
-    baseline_ema: float = 0.3
-    warmup: int = 2
-    every: int = 1
-    lr_factor: float = 0.5
-    max_rollbacks: int = 3
-
-    def __post_init__(self) -> None:
-        if not 0 < self.lr_factor <= 1:
-            raise ValueError(f"lr_factor must be in (0, 1], got {self.lr_factor}")
-        if self.every < 1:
-            raise ValueError(f"every must be >= 1, got {self.every}")
-        if self.max_rollbacks < 0:
-            raise ValueError(f"max_rollbacks must be >= 0, got {self.max_rollbacks}")
-        if self.reward_drop is not None and not 0 < self.reward_drop < 1:
-            raise ValueError(f"reward_drop must be in (0, 1), got {self.reward_drop}")
+#: the thresholds and actions of collapse recovery: the nested ``recovery`` part of the MARFT configs
+RecoverySettings = RecoveryConfig
 
 
 class CollapseDetector:
@@ -337,7 +312,3 @@ class CollapseRecovery:
         self.good = self.pending = None
         if self._tmp is not None:  # a later save re-creates it; the finalizer removes it again
             shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def settings_dict(self) -> dict[str, Any]:
-        """The thresholds in force, as a dict."""
-        return asdict(self.s)

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from marft_algos.config import GRPOConfig, IPPOConfig, TrainConfig
+from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
 from marft_algos.registry import (
     ALGORITHMS,
     AlgorithmSpec,
@@ -325,7 +325,7 @@ class Trainer(ABC):
 
     def needs_reference(self) -> bool:
         """Reference log-probs are needed when the KL penalty to the reference is on."""
-        return float(getattr(self.config, "beta", 0.0)) > 0
+        return isinstance(self.config, PPOLossConfig) and self.config.beta > 0
 
     def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
         """Old (behaviour) and reference log-probs of every trainable action, before any update.
@@ -413,29 +413,37 @@ class Trainer(ABC):
         adv = torch.tensor([float(t.advantage) for t in mb], dtype=torch.float32, device=stats.logprobs.device)
         return adv[:, None].expand_as(stats.logprobs)
 
+    def ppo_config(self) -> PPOLossConfig:
+        """The config as a :class:`~marft_algos.config.PPOLossConfig` (the default losses need its settings)."""
+        c = self.config
+        if not isinstance(c, PPOLossConfig):
+            raise ConfigError(
+                f"{type(self).__name__} uses the PPO policy loss, whose settings {type(c).__name__} lacks: "
+                "add marft_algos.config.PPOLossConfig to the config's bases, or override policy_loss"
+            )
+        return c
+
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """Clipped PPO surrogate (+ beta * KL to the reference policy when ``beta > 0``)."""
+        """Clipped PPO surrogate (+ beta * KL to the reference policy, - ent_coef * entropy)."""
         from marft_algos import losses
 
-        c = self.config
+        c = self.ppo_config()
         mask = stats.mask.float()
         logp = stats.logprobs
         old_logp = self.old_logprobs(mb, stats)
         adv = self.advantages_tensor(mb, stats)
-        eps_low = float(getattr(c, "eps_low", 0.2))
-        eps_high = float(getattr(c, "eps_high", eps_low))
-        agg = getattr(c, "loss_agg", "token")
-        loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, agg=agg)
+        loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         m = {f"agent/{agent}/{k}": float(v) for k, v in _as_metrics(info).items()}
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))
         m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
-        beta = float(getattr(c, "beta", 0.0))
-        if beta > 0 and "ref_logp" in mb[0].extras:
+        if c.beta > 0 and "ref_logp" in mb[0].extras:
             ref_logp = pad_sequences([t.extras["ref_logp"] for t in mb], logp.shape[1], device=logp.device)
             kl = losses.kl_to_reference(logp, ref_logp, mask)
-            loss = loss + beta * kl
+            loss = loss + c.beta * kl
             m[f"agent/{agent}/ref_kl"] = float(kl.detach())
+        if c.ent_coef > 0:
+            loss = loss - c.ent_coef * losses.masked_mean(stats.entropy, mask)
         return loss, m
 
     def extra_losses(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor | None, dict[str, float]]:
@@ -674,5 +682,11 @@ def _as_metrics(info: Any) -> dict[str, float]:
     return {}
 
 
-# re-exported so `from marft_algos.trainer import GRPOConfig` works for subclass authors
-_ = (GRPOConfig, IPPOConfig)
+def __getattr__(name: str) -> Any:
+    # `from marft_algos.trainer import GRPOConfig` of older subclass authors: the configs
+    # live beside their algorithms now, which import this module (hence lazily)
+    if name in ("GRPOConfig", "IPPOConfig"):
+        from marft_algos import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'marft_algos.trainer' has no attribute {name!r}")

@@ -10,14 +10,24 @@ advantage estimator and losses: :mod:`marft_algos.algos.marft_action` and
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from marft_algos.config import ConfigError, TrainConfig
+from marft_algos.config import (
+    ConfigError,
+    CriticConfig,
+    PPOLossConfig,
+    RecoveryConfig,
+    Renamed,
+    TrainConfig,
+    check_normalization,
+)
 from marft_algos.rollout import RolloutBatch, Transition
 from marft_algos.trainer import Trainer
 
@@ -29,8 +39,13 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def _recovery_renames() -> dict[str, Renamed]:
+    """``recovery_<x>`` (flat, before) -> ``recovery.<x>`` (the nested part)."""
+    return {f"recovery_{f.name}": (f"recovery.{f.name}", None) for f in dataclasses.fields(RecoveryConfig) if f.name != "enabled"}
+
+
 @dataclass
-class MARFTConfig(TrainConfig):
+class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
     """Settings shared by action- and token-level MARFT (chain GAE, PPO, critic, schedule, recovery)."""
 
     # --- chain GAE -----------------------------------------------------------------
@@ -39,86 +54,35 @@ class MARFTConfig(TrainConfig):
     gamma_turn: float = field(default=0.99, metadata={"help": "Discount of a hop from a turn's last agent to the next turn (reference: 0.99)."})
     lam_turn: float = field(default=0.95, metadata={"help": "GAE lambda of a hop to the next turn (reference: 0.95)."})
     normalize_advantages: str = field(default="none", metadata={"help": "'none' (raw GAE advantages), 'batch' (whiten over all trainable actions, as the reference) or 'agent' (whiten per agent)."})
-    # --- policy loss ---------------------------------------------------------------
-    eps_low: float = field(default=0.2, metadata={"help": "Lower PPO clip range (ratio >= 1 - eps_low)."})
-    eps_high: float = field(default=0.2, metadata={"help": "Upper PPO clip range (ratio <= 1 + eps_high); > eps_low is DAPO clip-higher."})
-    ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
-    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
+    # --- policy loss (the rest: PPOLossConfig) ---------------------------------------
     kl_threshold: float | None = field(default=None, metadata={"help": "KL hard cut: skip an agent's policy step when approx KL(old || new) exceeds this (the reference hard-coded 1e-3); None disables it."})
-    # --- critic --------------------------------------------------------------------
+    # --- critic (the rest: CriticConfig) ---------------------------------------------
     critic_per_agent: bool = field(default=False, metadata={"help": "One value head per agent instead of one shared critic."})
     critic_lora: bool = field(default=False, metadata={"help": "Give the critic its own LoRA adapter on the base (trained with the head; disables the hidden-state cache)."})
-    critic_lr: float = field(default=1e-4, metadata={"help": "Critic learning rate (paper: 1e-5 for a full MLP head on a 0.5B+ model)."})
     critic_warmup_steps: int = field(default=0, metadata={"help": "Training steps at the start where only the critic trains."})
-    value_loss: str = field(default="huber", metadata={"help": "'huber' (symmetric) or 'mse'."})
-    huber_delta: float = field(default=10.0, metadata={"help": "Huber delta."})
-    value_clip: float | None = field(default=None, metadata={"help": "Clip value predictions to +-value_clip around the rollout values (None = off)."})
-    vf_coef: float = field(default=1.0, metadata={"help": "Value loss coefficient (the critic has its own optimizer; this scales its gradient)."})
     # --- schedule ------------------------------------------------------------------
-    agent_by_agent: bool = field(default=False, metadata={"help": "Sequential updates: at update k only agent number (k // agent_interval) mod N steps its optimizer."})
+    agent_by_agent: bool = field(default=False, metadata={"help": "Sequential updates: after the critic warm-up, update k (k counted from 0 after critic_warmup_steps) steps only the ((k // agent_interval) mod n)-th of the n agents that acted in the batch (team order); the critic trains on every agent's data."})
     agent_interval: int = field(default=1, metadata={"help": "Updates per agent turn in agent-by-agent mode."})
     # --- collapse recovery ---------------------------------------------------------
-    recovery: bool = field(default=True, metadata={"help": "Detect collapses (NaN/inf, entropy surge, KL spike, reward collapse) and roll back."})
-    recovery_entropy_factor: float | None = field(default=3.0, metadata={"help": "Entropy surge: entropy > factor x its running baseline (None = off)."})
-    recovery_entropy_min_delta: float = field(default=1.0, metadata={"help": "Entropy surge also needs entropy - baseline > this (nats)."})
-    recovery_entropy_max: float | None = field(default=None, metadata={"help": "Entropy surge: absolute ceiling (None = off)."})
-    recovery_kl_max: float | None = field(default=1.0, metadata={"help": "KL spike: approx KL(old || new) of an agent above this (None = off)."})
-    recovery_ref_kl_max: float | None = field(default=None, metadata={"help": "KL spike: KL to the reference above this (None = off)."})
-    recovery_reward_drop: float | None = field(default=0.5, metadata={"help": "Reward collapse: reward EMA below (1 - drop) x its best (None = off)."})
-    recovery_reward_min: float = field(default=0.2, metadata={"help": "Reward collapse is only checked once the best reward EMA reaches this."})
-    recovery_warmup: int = field(default=2, metadata={"help": "Healthy steps before the entropy and reward detectors are armed."})
-    recovery_every: int = field(default=1, metadata={"help": "Save a recovery checkpoint every N healthy steps."})
-    recovery_lr_factor: float = field(default=0.5, metadata={"help": "Multiply every learning rate by this on each rollback."})
-    recovery_max_rollbacks: int = field(default=3, metadata={"help": "Stop with an error at the next collapse after this many rollbacks."})
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig, metadata={"help": "Collapse recovery (nested: recovery.<setting>=...; recovery=false switches it off)."})
 
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = _recovery_renames()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("gamma_agent", "lam_agent", "gamma_turn", "lam_turn"):
             v = getattr(self, name)
             _check(0 <= v <= 1, f"{name} must be in [0, 1], got {v}")
-        _check(self.normalize_advantages in ("batch", "agent", "none"), f"normalize_advantages must be 'batch', 'agent' or 'none', got {self.normalize_advantages!r}")
-        _check(0 <= self.eps_low < 1, f"eps_low must be in [0, 1), got {self.eps_low}")
-        _check(self.eps_high >= self.eps_low, f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low})")
-        _check(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}")
-        _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
+        check_normalization(self.normalize_advantages, ("none", "batch", "agent"), type(self).__name__)
         _check(self.kl_threshold is None or self.kl_threshold > 0, f"kl_threshold must be > 0 or None, got {self.kl_threshold}")
-        _check(self.critic_lr > 0, f"critic_lr must be > 0, got {self.critic_lr}")
-        _check(self.critic_warmup_steps >= 0, f"critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
-        _check(self.value_loss in ("huber", "mse"), f"value_loss must be 'huber' or 'mse', got {self.value_loss!r}")
-        _check(self.huber_delta > 0, f"huber_delta must be > 0, got {self.huber_delta}")
-        _check(self.value_clip is None or self.value_clip > 0, f"value_clip must be > 0 or None, got {self.value_clip}")
+        # the critic's optimizer is stepped by vf_coef * its loss alone: 0 would freeze it
         _check(self.vf_coef > 0, f"vf_coef must be > 0, got {self.vf_coef}")
+        _check(self.critic_warmup_steps >= 0, f"critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
         _check(self.agent_interval >= 1, f"agent_interval must be >= 1, got {self.agent_interval}")
         _check(
             not (self.agent_by_agent and self.mode == "shared"),
             "agent_by_agent needs one adapter per agent: with mode='shared' every agent's policy is the one shared "
             "adapter, so a step on one agent's data moves all agents and the schedule would not hold the others fixed",
-        )
-        _check(0 < self.recovery_lr_factor <= 1, f"recovery_lr_factor must be in (0, 1], got {self.recovery_lr_factor}")
-        _check(self.recovery_every >= 1, f"recovery_every must be >= 1, got {self.recovery_every}")
-        _check(self.recovery_max_rollbacks >= 0, f"recovery_max_rollbacks must be >= 0, got {self.recovery_max_rollbacks}")
-        _check(
-            self.recovery_reward_drop is None or 0 < self.recovery_reward_drop < 1,
-            f"recovery_reward_drop must be in (0, 1) or None, got {self.recovery_reward_drop}",
-        )
-
-    def recovery_settings(self) -> Any:
-        """The ``recovery_*`` fields as :class:`marft_algos.recovery.RecoverySettings`."""
-        from marft_algos.recovery import RecoverySettings
-
-        return RecoverySettings(
-            entropy_factor=self.recovery_entropy_factor,
-            entropy_min_delta=self.recovery_entropy_min_delta,
-            entropy_max=self.recovery_entropy_max,
-            kl_max=self.recovery_kl_max,
-            ref_kl_max=self.recovery_ref_kl_max,
-            reward_drop=self.recovery_reward_drop,
-            reward_min=self.recovery_reward_min,
-            warmup=self.recovery_warmup,
-            every=self.recovery_every,
-            lr_factor=self.recovery_lr_factor,
-            max_rollbacks=self.recovery_max_rollbacks,
         )
 
 
@@ -145,10 +109,10 @@ class MARFTTrainerBase(Trainer):
                     "profiles naming one adapter): a step on one agent's data would move the others too"
                 )
         self.recovery = None
-        if config.recovery:
+        if config.recovery.enabled:
             from marft_algos.recovery import CollapseRecovery
 
-            self.recovery = CollapseRecovery(self, config.recovery_settings())
+            self.recovery = CollapseRecovery(self, config.recovery)
 
     # ---- modules -------------------------------------------------------------------
     def setup(self) -> None:

@@ -44,14 +44,12 @@ class MARFTTokenConfig(MARFTConfig):
 
     gamma_token: float = field(default=1.0, metadata={"help": "Discount between tokens of one action (reference: 0.99, i.e. the step gamma)."})
     lam_token: float = field(default=1.0, metadata={"help": "GAE lambda between tokens of one action (reference: 0.95)."})
-    loss_agg: str = field(default="token", metadata={"help": "'token' (mean over all real tokens) or 'sequence' (mean per action, then over actions)."})
 
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(0 <= self.gamma_token <= 1, f"gamma_token must be in [0, 1], got {self.gamma_token}")
         _check(0 <= self.lam_token <= 1, f"lam_token must be in [0, 1], got {self.lam_token}")
-        _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
 
 
 class MARFTTokenTrainer(MARFTTrainerBase):
