@@ -56,7 +56,7 @@ def build_trainers(args: argparse.Namespace) -> dict[str, Any]:
     """One trainer per algorithm of ``args.algos`` with the shared settings (see the module doc)."""
     import marft_envs
     from marft_algos.config import apply_overrides, config_from_dict
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     agents = marft_envs.make(args.env).possible_agents
     shared: dict[str, Any] = {

@@ -69,7 +69,7 @@ def _eval(policy: Any, env_id: str, problems: list[int], args: argparse.Namespac
 
 def _config(algo: str, args: argparse.Namespace, out: Path) -> Any:
     from marft_algos.config import apply_overrides, config_from_dict
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     spec = get_algorithm(algo)
     data: dict[str, Any] = {

@@ -19,16 +19,17 @@ from marft_algos.checkpoint import (
 )
 from marft_algos.config import ConfigError, GRPOConfig, IPPOConfig, TrainConfig
 from marft_algos.logging import MetricsLogger
-from marft_algos.rollout import Episode, RolloutBatch, RolloutCollector, Transition
-from marft_algos.trainer import (
+from marft_algos.registry import (
     ALGORITHMS,
     AlgorithmSpec,
-    Trainer,
     UnknownAlgorithmError,
     get_algorithm,
     list_algorithms,
     register_algorithm,
 )
+from marft_algos.rollout import Episode, RolloutBatch, RolloutCollector, Transition
+from marft_algos.seeding import seed_everything
+from marft_algos.trainer import Trainer
 
 __all__ = [
     "ALGORITHMS",
@@ -40,6 +41,11 @@ __all__ = [
     "GRPOTrainer",
     "IPPOConfig",
     "IPPOTrainer",
+    "MARFTActionConfig",
+    "MARFTActionTrainer",
+    "MARFTConfig",
+    "MARFTTokenConfig",
+    "MARFTTokenTrainer",
     "MetricsLogger",
     "RolloutBatch",
     "RolloutCollector",
@@ -55,11 +61,17 @@ __all__ = [
     "load_checkpoint",
     "register_algorithm",
     "save_checkpoint",
+    "seed_everything",
 ]
 
 _LAZY = {
     "GRPOTrainer": "marft_algos.algos.grpo",
     "IPPOTrainer": "marft_algos.algos.ippo",
+    "MARFTConfig": "marft_algos.algos.marft",
+    "MARFTActionConfig": "marft_algos.algos.marft_action",
+    "MARFTActionTrainer": "marft_algos.algos.marft_action",
+    "MARFTTokenConfig": "marft_algos.algos.marft_token",
+    "MARFTTokenTrainer": "marft_algos.algos.marft_token",
     "EvalResult": "marft_algos.evaluation",
     "evaluate": "marft_algos.evaluation",
 }

@@ -464,7 +464,7 @@ def grpo_advantages(
     rewards: ArrayLike,
     group_ids: ArrayLike,
     agent_ids: ArrayLike | None = None,
-    normalize: str = "global",
+    normalize: str = "group",
     scale_by_std: bool = True,
     eps: float = 1e-6,
     *,
@@ -474,7 +474,7 @@ def grpo_advantages(
 
     For sample k of group g (samples of the same problem)::
 
-        normalize="global":  A_k = (R_k - mean_g(R)) / (std_g(R) + eps)
+        normalize="group":   A_k = (R_k - mean_g(R)) / (std_g(R) + eps)   ("global" before)
         normalize="agent":   A_k = (R_k - mean_{g,i}(R)) / (std_{g,i}(R) + eps)
         normalize="none":    A_k =  R_k - mean_g(R)       (centred, never scaled)
 
@@ -505,8 +505,10 @@ def grpo_advantages(
     """
     if scale is not None:
         scale_by_std = scale
-    if normalize not in ("global", "agent", "none"):
-        raise ValueError(f"normalize must be 'global', 'agent' or 'none', got {normalize!r}")
+    if normalize == "global":  # the name of "group" before the one vocabulary
+        normalize = "group"
+    if normalize not in ("group", "agent", "none"):
+        raise ValueError(f"normalize must be 'group', 'agent' or 'none', got {normalize!r}")
     if normalize == "agent" and agent_ids is None:
         raise ValueError("normalize='agent' needs agent_ids")
     as_torch = torch.is_tensor(rewards)

@@ -104,7 +104,7 @@ def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
             if p.is_file():
                 _fsync_file(p)
                 files[str(p.relative_to(tmp))] = {"size": p.stat().st_size, "sha256": _sha256(p)}
-        manifest = {"step": trainer.global_step, "algo": type(trainer.config).algo, "files": files, "time": time.time()}
+        manifest = {"step": trainer.global_step, "algo": trainer.config.algo, "files": files, "time": time.time()}
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=1)
             fh.flush()

@@ -104,19 +104,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_flag_parser(config_cls: type) -> argparse.ArgumentParser:
-    """One ``--field-name`` flag per config field (values parsed by the field type)."""
-    p = argparse.ArgumentParser(prog=f"marft train --algo {getattr(config_cls, 'algo', '?')}", add_help=False)
+    """One ``--field-name`` flag per config field, ``--part-setting`` per setting of a nested
+    part (``--recovery-max-rollbacks``); values are parsed like ``--set`` values."""
+    from marft_algos.config import nested_fields, renamed_settings
+
+    p = argparse.ArgumentParser(prog=f"marft train --algo {config_cls.algo or '?'}", add_help=False)
+    nested = nested_fields(config_cls)
     for f in dataclasses.fields(config_cls):
         if f.name in ("model", "steps", "seed"):  # already flags of `marft train`
             continue
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE", help=f.metadata.get("help", ""))
+        if f.name not in nested:
+            continue
+        for sub in dataclasses.fields(nested[f.name]):
+            if sub.name == "enabled":  # that is --recovery true/false
+                continue
+            flag = f"--{f.name}-{sub.name}".replace("_", "-")
+            p.add_argument(flag, dest=f"{f.name}.{sub.name}", default=None, metavar="VALUE", help=sub.metadata.get("help", ""))
+    taken = {a.dest for a in p._actions}
+    for old in renamed_settings(config_cls):  # deprecated spellings, hidden from --help
+        if old not in taken and not any(old == d.replace(".", "_") for d in taken):
+            p.add_argument("--" + old.replace("_", "-"), dest=old, default=None, help=argparse.SUPPRESS)
     return p
 
 
 def build_config(args: argparse.Namespace, extra: list[str]) -> Any:
     """The algorithm's config from defaults < --config < flags < --set."""
-    from marft_algos.config import apply_overrides, config_from_dict, parse_value
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.config import apply_overrides, config_from_dict
+    from marft_algos.registry import get_algorithm
 
     spec = get_algorithm(args.algo)
     cls = spec.config_cls
@@ -134,19 +149,18 @@ def build_config(args: argparse.Namespace, extra: list[str]) -> Any:
         value = getattr(args, flag, None)
         if value is not None:
             data[name] = value
-    flags, unknown = _config_flag_parser(cls).parse_known_args(extra)
+    parser = _config_flag_parser(cls)
+    flags, unknown = parser.parse_known_args(extra)
     if unknown:
         import difflib
 
-        names = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(cls)]
+        names = [a.option_strings[0] for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS]
         bad = unknown[0]
         close = difflib.get_close_matches(bad.split("=")[0], names, n=1)
         _die(f"unknown option {bad!r} for --algo {args.algo}" + (f"; did you mean {close[0]!r}?" if close else ""))
-    hints = typing.get_type_hints(cls)
-    for name, value in vars(flags).items():
-        if value is not None:
-            data[name] = parse_value(value, hints[name])
-    data = apply_overrides(cls, data, args.set)
+    # flags are parsed exactly like --set values (dotted keys into nested parts, renamed settings)
+    from_flags = [f"{name}={value}" for name, value in vars(flags).items() if value is not None]
+    data = apply_overrides(cls, data, from_flags + list(args.set))
     return config_from_dict(cls, data)
 
 
@@ -164,7 +178,7 @@ def _check_env(env_id: str) -> None:
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     """``marft train``: build the config, train (or resume) and save into ``--out``."""
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     if args.help:
         print(build_parser().train_parser.format_help())  # type: ignore[attr-defined]
@@ -235,7 +249,7 @@ def cmd_list_envs() -> int:
 
 def cmd_list_algos() -> int:
     """``marft list-algos``: registered algorithms and their one-line descriptions."""
-    from marft_algos.trainer import list_algorithms
+    from marft_algos.registry import list_algorithms
 
     for spec in list_algorithms():
         print(f"{spec.name:<16} {spec.description}")
@@ -267,7 +281,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     """Untrained eval -> timed training with a progress bar -> trained eval -> table + plot."""
     from marft_algos.config import apply_overrides, config_from_dict
     from marft_algos.evaluation import evaluate, format_table
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     _check_env(args.env)
     if args.eval_n < 1:
@@ -339,7 +353,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.checkpoint import CheckpointError
     from marft_algos.config import ConfigError
     from marft_algos.evaluation.errors import EvaluationError
-    from marft_algos.trainer import UnknownAlgorithmError
+    from marft_algos.registry import UnknownAlgorithmError
 
     errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError]
     try:

@@ -1,27 +1,73 @@
-"""Training configurations: one dataclass per algorithm (TRL style).
+"""Training configurations: the shared parts; each algorithm's config sits beside it (TRL style).
 
 Every field carries ``metadata={"help": ...}``; the CLI builds its flags and its
 ``--set key=value`` parser from these dataclasses, so a new field is a new flag.
 ``__post_init__`` rejects invalid combinations at start with a reason; settings that
 name agents are checked against the environment's agents by :meth:`TrainConfig.check_agents`
 when the trainer is built (the config alone does not know the team).
+
+Parts shared by several algorithms are written once:
+
+- :class:`TrainConfig`: environment, model, optimisation, logging (every algorithm);
+- :class:`PPOLossConfig`: the clipped surrogate (``eps_low/eps_high/loss_agg/ent_coef/beta``);
+- :class:`CriticConfig`: a learned value function (``critic_lr/vf_coef/value_loss/...``);
+- :class:`RecoveryConfig`: collapse recovery, a NESTED part (``recovery.max_rollbacks``).
+
+The loss and critic parts are dataclass mixins, so their fields stay flat: ``--set
+eps_low=0.1`` and ``--eps-low 0.1`` read as before, and an algorithm that overrides a
+default redeclares one line (:func:`with_default`). Recovery's dozen thresholds are one
+nested dataclass instead: they are one feature's knobs, switched on and off together
+(``--set recovery.kl_max=2``; ``--recovery-kl-max 2``; ``recovery=false`` is short for
+``recovery.enabled=false``).
+
+One vocabulary for all algorithms: ``normalize_advantages`` is one of
+:data:`ADVANTAGE_NORMALIZATION` (each algorithm accepts the modes it implements),
+``critic_lr`` is the value model's learning rate, ``reward_source`` says which rewards an
+action is credited with. Renamed settings (``value_lr``, ``team_reward``, ``normalize``,
+``recovery_*``) keep working for one release with a ``DeprecationWarning``: in the
+constructor, :func:`config_from_dict` (old ``config.json`` files), ``--set`` and flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import importlib
 import json
 import math
 import typing
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marft_algos.registry import algorithm_name
+
+if typing.TYPE_CHECKING:  # re-exported lazily (see __getattr__ at the end)
+    from marft_algos.algos.grpo import GRPOConfig
+    from marft_algos.algos.ippo import IPPOConfig
+    from marft_algos.algos.marft import MARFTConfig
+    from marft_algos.algos.marft_action import MARFTActionConfig
+    from marft_algos.algos.marft_token import MARFTTokenConfig
+
 __all__ = [
+    "ADVANTAGE_NORMALIZATION",
     "ConfigError",
+    "CriticConfig",
+    "PPOLossConfig",
+    "RecoveryConfig",
     "TrainConfig",
     "GRPOConfig",
     "IPPOConfig",
+    "MARFTConfig",
+    "MARFTActionConfig",
+    "MARFTTokenConfig",
+    "check_normalization",
+    "nested_fields",
+    "renamed_settings",
+    "with_default",
     "config_from_dict",
     "config_to_dict",
     "apply_overrides",
@@ -38,11 +84,127 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+class _AlgorithmName:
+    """``Config.algo``: the name the registry knows the config's algorithm by (None for a shared base)."""
+
+    def __get__(self, obj: Any, owner: type) -> str | None:
+        return algorithm_name(owner)
+
+
+#: advantage normalisation modes: raw advantages, whitened over the batch, per agent, or
+#: group-relative (GRPO's groups of episodes sharing a problem)
+ADVANTAGE_NORMALIZATION = ("none", "batch", "agent", "group")
+
+#: a renamed setting: (new name, maybe dotted into a nested part; converter of old values or None)
+Renamed = tuple[str, Callable[[Any], Any] | None]
+
+
+def check_normalization(value: str, allowed: tuple[str, ...], algo: str) -> None:
+    """Reject a ``normalize_advantages`` value outside the vocabulary or not implemented by ``algo``."""
+    _check(
+        value in allowed,
+        f"normalize_advantages must be one of {list(allowed)} for {algo}, got {value!r}"
+        + ("" if value in ADVANTAGE_NORMALIZATION else f" (the vocabulary is {list(ADVANTAGE_NORMALIZATION)})"),
+    )
+
+
+def with_default(part: type, name: str, default: Any) -> Any:
+    """A field of a shared config part with another default (same help): ``eps_high: float = with_default(PPOLossConfig, "eps_high", 0.28)``."""
+    return field(default=default, metadata=part.__dataclass_fields__[name].metadata)
+
+
+def _warn_renamed(owner: str, old: str, new: str) -> None:
+    warnings.warn(
+        f"{owner}: setting {old!r} is deprecated and will be removed in the next release; use {new!r}",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+
+
+def _renamed(cls: type, name: str) -> Renamed | None:
+    for klass in cls.__mro__:
+        table = klass.__dict__.get("renamed_settings")
+        if table and name in table:
+            return table[name]
+    return None
+
+
+@functools.cache
+def nested_fields(cls: type) -> dict[str, type]:
+    """``{field name: part class}`` of the fields whose value is itself a config dataclass (``recovery``)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+
+
+def _as_part_dict(value: Any) -> dict[str, Any]:
+    """A nested part's value (None, bool shorthand for ``enabled``, dict or dataclass) as a dict."""
+    if value is None:
+        return {}
+    if isinstance(value, bool):
+        return {"enabled": value}
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return dict(value)
+    raise ConfigError(f"expected a dict of settings (or true/false), got {value!r}")
+
+
+def _put(data: dict[str, Any], path: str, value: Any) -> None:
+    """``data[path] = value`` where ``path`` may be ``part.setting`` of a nested part."""
+    head, _, sub = path.partition(".")
+    if not sub:
+        data[head] = value
+        return
+    node = _as_part_dict(data.get(head))
+    node[sub] = value
+    data[head] = node
+
+
+def renamed_settings(cls: type) -> dict[str, Renamed]:
+    """Every renamed setting ``cls`` still accepts: ``{old name: (new name, value converter)}``."""
+    out: dict[str, Renamed] = {}
+    for klass in reversed(cls.__mro__):
+        out.update(klass.__dict__.get("renamed_settings") or {})
+    return out
+
+
+def _translate_legacy(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Map renamed settings in ``kwargs`` to their new names (with a DeprecationWarning)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    if all(k in names for k in kwargs):
+        return kwargs
+    out: dict[str, Any] = {k: v for k, v in kwargs.items() if k in names}
+    for key, value in kwargs.items():
+        if key in names:
+            continue
+        renamed = _renamed(cls, key)
+        if renamed is None:
+            out[key] = value  # the dataclass raises its usual TypeError
+            continue
+        new, convert = renamed
+        _warn_renamed(cls.__name__, key, new)
+        _put(out, new, convert(value) if convert is not None else value)
+    return out
+
+
+class _ConfigMeta(type):
+    """Metaclass of the configs: the constructor accepts renamed settings (deprecated).
+
+    The dataclass ``__init__`` of every subclass is generated anew, so a shim on one
+    class's ``__init__`` (or an ``InitVar`` per old name, which every subclass's
+    ``__post_init__`` would have to repeat) would not reach subclasses, third-party ones
+    included; the metaclass's ``__call__`` runs before any of them.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **_translate_legacy(cls, kwargs))
+
+
 _DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(metaclass=_ConfigMeta):
     """Settings shared by all trainers (environment, model, optimisation, logging)."""
 
     # --- environment -------------------------------------------------------------
@@ -88,7 +250,8 @@ class TrainConfig:
     progress: bool = field(default=True, metadata={"help": "Show a tqdm progress bar with the live team reward."})
     plot: bool = field(default=True, metadata={"help": "Write learning_curve.png at the end."})
 
-    algo: typing.ClassVar[str] = "base"
+    #: the registered name of this config's algorithm (from the registry, never restated here)
+    algo = _AlgorithmName()
     #: fields whose dict keys are agent names (validated by check_agents)
     per_agent_fields: typing.ClassVar[tuple[str, ...]] = (
         "model_per_agent",
@@ -97,7 +260,18 @@ class TrainConfig:
         "lr_per_agent",
     )
 
+    #: renamed settings still accepted for one release: {old name: (new name, value converter)}
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {}
+
     def __post_init__(self) -> None:
+        for name, part in nested_fields(type(self)).items():  # dicts (JSON, --set) and the bool shorthand
+            value = getattr(self, name)
+            if not isinstance(value, part):
+                data = _as_part_dict(value)
+                valid = {f.name for f in dataclasses.fields(part)}
+                unknown = sorted(set(data) - valid)
+                _check(not unknown, f"unknown {name} settings {unknown}; valid: {sorted(valid)}")
+                object.__setattr__(self, name, part(**data))
         _check(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}")
         _check(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
         _check(self.mode in ("lora", "shared", "full"), f"mode must be 'lora', 'shared' or 'full', got {self.mode!r}")
@@ -132,6 +306,32 @@ class TrainConfig:
                 _check(0 < sp.get("top_p", 1.0) <= 1, f"{name}[{agent!r}]: top_p must be in (0, 1]")
                 _check(sp.get("max_new_tokens", 1) >= 1, f"{name}[{agent!r}]: max_new_tokens must be >= 1")
 
+    # --- renamed settings (deprecated aliases, attribute access) ----------------------
+    def __getattr__(self, name: str) -> Any:
+        # only called for names that are not attributes: the renamed settings
+        renamed = _renamed(type(self), name) if not name.startswith("__") else None
+        if renamed is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        new = renamed[0]
+        _warn_renamed(type(self).__name__, name, new)
+        head, _, sub = new.partition(".")
+        value = object.__getattribute__(self, head)
+        return getattr(value, sub) if sub else value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self.__dataclass_fields__:
+            renamed = _renamed(type(self), name)
+            if renamed is not None:
+                new, convert = renamed
+                _warn_renamed(type(self).__name__, name, new)
+                value = convert(value) if convert is not None else value
+                head, _, sub = new.partition(".")
+                if sub:
+                    setattr(getattr(self, head), sub, value)
+                    return
+                name = head
+        object.__setattr__(self, name, value)
+
     # --- helpers -----------------------------------------------------------------
     def check_agents(self, agents: list[str] | tuple[str, ...]) -> None:
         """Reject per-agent settings that name agents the environment does not have."""
@@ -160,76 +360,80 @@ class TrainConfig:
         return config_from_dict(cls, data)
 
 
+def _chain_post_init(obj: Any, part: type) -> None:
+    """Run the next ``__post_init__`` in the MRO after ``part`` (mixins are used alone too)."""
+    nxt = getattr(super(part, obj), "__post_init__", None)
+    if nxt is not None:
+        nxt()
+
+
 @dataclass
-class GRPOConfig(TrainConfig):
-    """Group Relative Policy Optimisation for a team (one adapter per agent by default).
+class PPOLossConfig:
+    """The clipped-surrogate policy loss (PPO, DAPO clip-higher), entropy bonus and KL to the reference."""
 
-    G env copies reset with the same seed share a problem; each agent's action is
-    credited with its episode's team return, normalised within the group (globally
-    over all agents of the group, or agent-wise as in Dr. MAS).
-    """
-
-    group_size: int = field(default=4, metadata={"help": "G: samples (episodes) per problem; must divide num_envs."})
-    normalize: str = field(default="global", metadata={"help": "Advantage normalisation: 'global' (one baseline per group), 'agent' (per group and agent, Dr. MAS) or 'none' (mean only)."})
-    scale_rewards: bool = field(default=True, metadata={"help": "Divide group-centred rewards by their std (False = Dr. GRPO)."})
-    reward_source: str = field(default="team", metadata={"help": "'team': every action gets the episode's team return; 'agent': the sum of the agent's own rewards."})
     eps_low: float = field(default=0.2, metadata={"help": "Lower PPO clip range (ratio >= 1 - eps_low)."})
-    eps_high: float = field(default=0.28, metadata={"help": "Upper PPO clip range (DAPO clip-higher; ratio <= 1 + eps_high)."})
-    dynamic_sampling: bool = field(default=False, metadata={"help": "DAPO dynamic sampling: drop groups whose rewards are all equal and resample."})
-    max_resample_tries: int = field(default=3, metadata={"help": "Extra collection rounds to fill the batch when dynamic sampling drops groups."})
-    loss_agg: str = field(default="token", metadata={"help": "'token' (mean over all tokens of the batch) or 'sequence' (mean per sequence, then over sequences)."})
+    eps_high: float = field(default=0.2, metadata={"help": "Upper PPO clip range (ratio <= 1 + eps_high); > eps_low is DAPO clip-higher."})
+    loss_agg: str = field(default="token", metadata={"help": "Per-token losses: 'token' (mean over all real tokens of the minibatch) or 'sequence' (mean per action, then over actions); action-level MARFT has one ratio per action and ignores it."})
+    ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
     beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
 
-    algo: typing.ClassVar[str] = "grpo"
-
     def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(self.group_size >= 2, f"GRPO needs group_size >= 2 (a group-relative baseline of one sample is 0), got {self.group_size}")
-        _check(self.num_envs % self.group_size == 0, f"num_envs ({self.num_envs}) must be a multiple of group_size ({self.group_size})")
-        _check(self.normalize in ("global", "agent", "none"), f"normalize must be 'global', 'agent' or 'none', got {self.normalize!r}")
-        _check(self.reward_source in ("team", "agent"), f"reward_source must be 'team' or 'agent', got {self.reward_source!r}")
+        _chain_post_init(self, PPOLossConfig)
         _check(0 <= self.eps_low < 1, f"eps_low must be in [0, 1), got {self.eps_low}")
         _check(self.eps_high >= self.eps_low, f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low}) (clip-higher widens the upper range)")
         _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
+        _check(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}")
         _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        _check(self.max_resample_tries >= 0, f"max_resample_tries must be >= 0, got {self.max_resample_tries}")
 
 
 @dataclass
-class IPPOConfig(TrainConfig):
-    """Independent PPO: each agent is its own PPO learner with its own value head.
+class CriticConfig:
+    """A learned value function: its learning rate, loss and weight."""
 
-    Value heads sit on the frozen base model (one per agent); GAE runs over each
-    agent's own transitions only, no chaining across agents.
-    """
+    critic_lr: float = field(default=1e-4, metadata={"help": "Learning rate of the value model (IPPO's value heads, MARFT's critic; paper: 1e-5 for a full MLP head on a 0.5B+ model)."})
+    vf_coef: float = field(default=1.0, metadata={"help": "Value loss coefficient (the value model has its own optimizer; this scales its gradient)."})
+    value_loss: str = field(default="huber", metadata={"help": "'huber' (symmetric) or 'mse'."})
+    huber_delta: float = field(default=10.0, metadata={"help": "Huber delta."})
+    value_clip: float | None = field(default=None, metadata={"help": "Clip value predictions to +-value_clip around the rollout values (None = off)."})
 
-    gamma: float = field(default=0.99, metadata={"help": "Discount between an agent's consecutive actions (turns)."})
-    lam: float = field(default=0.95, metadata={"help": "GAE lambda."})
-    team_reward: bool = field(default=True, metadata={"help": "Credit each action with its turn's team reward (False: the agent's own reward)."})
-    eps_low: float = field(default=0.2, metadata={"help": "Lower PPO clip range."})
-    eps_high: float = field(default=0.2, metadata={"help": "Upper PPO clip range."})
-    loss_agg: str = field(default="token", metadata={"help": "'token' or 'sequence' loss aggregation."})
-    normalize_advantages: bool = field(default=True, metadata={"help": "Normalise advantages per agent within the batch."})
-    value_lr: float = field(default=1e-4, metadata={"help": "Learning rate of the value heads."})
-    vf_coef: float = field(default=1.0, metadata={"help": "Value loss coefficient."})
-    value_loss: str = field(default="mse", metadata={"help": "'mse' or 'huber'."})
-    value_clip: float | None = field(default=None, metadata={"help": "Clip value predictions around the rollout values (None = off)."})
-    ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
-    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
-
-    algo: typing.ClassVar[str] = "ippo"
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"value_lr": ("critic_lr", None)}
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(0 <= self.gamma <= 1, f"gamma must be in [0, 1], got {self.gamma}")
-        _check(0 <= self.lam <= 1, f"lam must be in [0, 1], got {self.lam}")
-        _check(0 <= self.eps_low < 1, f"eps_low must be in [0, 1), got {self.eps_low}")
-        _check(self.eps_high >= self.eps_low, f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low})")
-        _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
-        _check(self.value_lr > 0, f"value_lr must be > 0, got {self.value_lr}")
-        _check(self.value_loss in ("mse", "huber"), f"value_loss must be 'mse' or 'huber', got {self.value_loss!r}")
+        _chain_post_init(self, CriticConfig)
+        _check(self.critic_lr > 0 and math.isfinite(self.critic_lr), f"critic_lr must be > 0, got {self.critic_lr}")
+        _check(self.vf_coef >= 0, f"vf_coef must be >= 0, got {self.vf_coef}")
+        _check(self.value_loss in ("huber", "mse"), f"value_loss must be 'huber' or 'mse', got {self.value_loss!r}")
+        _check(self.huber_delta > 0, f"huber_delta must be > 0, got {self.huber_delta}")
         _check(self.value_clip is None or self.value_clip > 0, f"value_clip must be > 0 or None, got {self.value_clip}")
-        _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
+
+
+@dataclass
+class RecoveryConfig:
+    """Collapse recovery (:mod:`marft_algos.recovery`): detectors' thresholds (``None`` disables one) and the rollback."""
+
+    enabled: bool = field(default=True, metadata={"help": "Detect collapses (NaN/inf, entropy surge, KL spike, reward collapse) and roll back."})
+    entropy_factor: float | None = field(default=3.0, metadata={"help": "Entropy surge: entropy > factor x its running baseline (None = off)."})
+    entropy_min_delta: float = field(default=1.0, metadata={"help": "Entropy surge also needs entropy - baseline > this (nats)."})
+    entropy_max: float | None = field(default=None, metadata={"help": "Entropy surge: absolute ceiling (None = off)."})
+    kl_max: float | None = field(default=1.0, metadata={"help": "KL spike: approx KL(old || new) of an agent above this (None = off)."})
+    ref_kl_max: float | None = field(default=None, metadata={"help": "KL spike: KL to the reference above this (None = off)."})
+    reward_drop: float | None = field(default=0.5, metadata={"help": "Reward collapse: reward EMA below (1 - drop) x its best (None = off)."})
+    reward_min: float = field(default=0.2, metadata={"help": "Reward collapse is only checked once the best reward EMA reaches this."})
+    reward_ema: float = field(default=0.5, metadata={"help": "Weight of the newest step in the reward EMA."})
+    baseline_ema: float = field(default=0.3, metadata={"help": "Weight of the newest healthy step in the entropy baselines."})
+    warmup: int = field(default=2, metadata={"help": "Healthy steps before the entropy and reward detectors are armed."})
+    every: int = field(default=1, metadata={"help": "Save a recovery checkpoint every N healthy steps."})
+    lr_factor: float = field(default=0.5, metadata={"help": "Multiply every learning rate by this on each rollback."})
+    max_rollbacks: int = field(default=3, metadata={"help": "Stop with an error at the next collapse after this many rollbacks."})
+
+    def __post_init__(self) -> None:
+        _check(0 < self.lr_factor <= 1, f"recovery.lr_factor must be in (0, 1], got {self.lr_factor}")
+        _check(self.every >= 1, f"recovery.every must be >= 1, got {self.every}")
+        _check(self.max_rollbacks >= 0, f"recovery.max_rollbacks must be >= 0, got {self.max_rollbacks}")
+        _check(
+            self.reward_drop is None or 0 < self.reward_drop < 1,
+            f"recovery.reward_drop must be in (0, 1) or None, got {self.reward_drop}",
+        )
 
 
 # --- (de)serialisation and overrides ---------------------------------------------------
@@ -238,14 +442,18 @@ class IPPOConfig(TrainConfig):
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     """JSON-safe dict of a config, with its algorithm name under ``"algo"``."""
     data = dataclasses.asdict(config)
-    data["algo"] = type(config).algo
+    data["algo"] = config.algo
     return data
 
 
 def config_from_dict(cls: type[TrainConfig], data: dict[str, Any]) -> TrainConfig:
-    """Build ``cls`` from a dict; unknown keys are an error that lists the valid ones."""
+    """Build ``cls`` from a dict; unknown keys are an error that lists the valid ones.
+
+    Nested parts come as dicts (``{"recovery": {"max_rollbacks": 3}}``); renamed settings
+    of older releases (``config.json`` of old checkpoints) are mapped with a DeprecationWarning.
+    """
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names - {"algo"})
+    unknown = sorted(k for k in set(data) - names - {"algo"} if _renamed(cls, k) is None)
     if unknown:
         raise ConfigError(f"unknown {cls.__name__} settings {unknown}; valid settings: {sorted(names)}")
     return cls(**{k: v for k, v in data.items() if k != "algo"})
@@ -286,15 +494,26 @@ def parse_value(text: str, annotation: Any) -> Any:
     return value
 
 
+def _loose_value(text: str) -> Any:
+    """JSON when the text parses as JSON, None for none/null, else the text itself."""
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def apply_overrides(cls: type[TrainConfig], base: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` strings to a dict of settings for ``cls``.
 
-    ``key`` may be dotted into a dict field (``sampling_overrides.actor.temperature=0.7``).
-    Unknown keys raise :class:`ConfigError` with a suggestion.
+    ``key`` may be dotted into a nested part (``recovery.max_rollbacks=3``, parsed by that
+    setting's type) or into a dict field (``sampling_overrides.actor.temperature=0.7``).
+    Renamed settings are mapped to their new names with a DeprecationWarning. Unknown
+    keys raise :class:`ConfigError` with a suggestion.
     """
-    import difflib
-
     types = _field_types(cls)
+    nested = nested_fields(cls)
     out = dict(base)
     for item in overrides:
         if "=" not in item:
@@ -303,9 +522,36 @@ def apply_overrides(cls: type[TrainConfig], base: dict[str, Any], overrides: lis
         key = key.strip().replace("-", "_")
         head, *rest = key.split(".")
         if head not in types:
+            renamed = _renamed(cls, head) if not rest else None
+            if renamed is not None:
+                new, convert = renamed
+                _warn_renamed(cls.__name__, head, new)
+                value = _loose_value(text)
+                new_head, _, sub = new.partition(".")
+                if sub and new_head in nested:
+                    value = parse_value(text, typing.get_type_hints(nested[new_head])[sub]) if convert is None else convert(value)
+                elif convert is not None:
+                    value = convert(value)
+                elif new in types:
+                    value = parse_value(text, types[new])
+                _put(out, new, value)
+                continue
             close = difflib.get_close_matches(head, list(types), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown setting {head!r} for {cls.__name__}{hint}")
+        if head in nested:
+            part = nested[head]
+            if not rest:  # recovery=false (shorthand for recovery.enabled) or a JSON dict
+                out[head] = _part_value(head, text)
+                continue
+            sub_types = typing.get_type_hints(part)
+            sub = ".".join(rest)
+            if sub not in sub_types:
+                close = difflib.get_close_matches(sub, list(sub_types), n=1)
+                hint = f"; did you mean {head}.{close[0]}?" if close else ""
+                raise ConfigError(f"unknown setting {head}.{sub} for {cls.__name__}{hint}")
+            _put(out, f"{head}.{sub}", parse_value(text, sub_types[sub]))
+            continue
         if not rest:
             out[head] = parse_value(text, types[head])
             continue
@@ -317,8 +563,37 @@ def apply_overrides(cls: type[TrainConfig], base: dict[str, Any], overrides: lis
         node = out.setdefault(head, {})
         node = dict(node) if isinstance(node, dict) else {}
         out[head] = node
-        for part in rest[:-1]:
-            node[part] = dict(node.get(part, {}))
-            node = node[part]
+        for part_key in rest[:-1]:
+            node[part_key] = dict(node.get(part_key, {}))
+            node = node[part_key]
         node[rest[-1]] = leaf
     return out
+
+
+def _part_value(head: str, text: str) -> dict[str, Any]:
+    """``--set recovery=false`` (short for ``recovery.enabled=false``) or ``recovery={...}``."""
+    try:
+        return {"enabled": parse_value(text, bool)}
+    except ConfigError:
+        pass
+    value = _loose_value(text)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{head} expects true/false or a JSON dict of its settings (or {head}.<setting>=...), got {text!r}")
+    return value
+
+
+#: configs that live beside their algorithm, importable from here as before
+_ALGORITHM_CONFIGS = {
+    "GRPOConfig": "marft_algos.algos.grpo",
+    "IPPOConfig": "marft_algos.algos.ippo",
+    "MARFTConfig": "marft_algos.algos.marft",
+    "MARFTActionConfig": "marft_algos.algos.marft_action",
+    "MARFTTokenConfig": "marft_algos.algos.marft_token",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the algorithm modules import this one (an eager import would be a circle).
+    if name in _ALGORITHM_CONFIGS:
+        return getattr(importlib.import_module(_ALGORITHM_CONFIGS[name]), name)
+    raise AttributeError(f"module 'marft_algos.config' has no attribute {name!r}")

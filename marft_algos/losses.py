@@ -28,6 +28,7 @@ __all__ = [
     "approx_kl",
     "kl_to_reference",
     "entropy_bonus",
+    "explained_variance",
 ]
 
 # exp() of a log-ratio above this overflows in fp16/bf16 and is meaningless anyway
@@ -305,3 +306,15 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor | None = None, coef:
     """
     return coef * masked_mean(entropy, mask)
 
+
+def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """1 - Var[target - pred] / Var[target] (NaN when undefined)."""
+    if mask is not None:
+        sel = mask.bool()
+        pred, target = pred[sel], target[sel]
+    if target.numel() < 2:
+        return float("nan")
+    var = float(torch.var(target))
+    if var < 1e-12:
+        return float("nan")
+    return 1.0 - float(torch.var(target - pred)) / var

@@ -40,13 +40,15 @@ import tempfile
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
+from marft_algos.config import RecoveryConfig
+from marft_algos.seeding import rng_state, set_rng_state
+
+__all__ = ["RecoveryConfig", "RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
 
 log = logging.getLogger("marft")
 
@@ -55,33 +57,8 @@ class CollapseError(RuntimeError):
     """A collapse after the allowed number of rollbacks."""
 
 
-@dataclass
-class RecoverySettings:
-    """Thresholds and actions of collapse recovery (``None`` disables a detector)."""
-
-    entropy_factor: float | None = 3.0
-    entropy_min_delta: float = 1.0
-    entropy_max: float | None = None
-    kl_max: float | None = 1.0
-    ref_kl_max: float | None = None
-    reward_drop: float | None = 0.5
-    reward_min: float = 0.2
-    reward_ema: float = 0.5
-    baseline_ema: float = 0.3
-    warmup: int = 2
-    every: int = 1
-    lr_factor: float = 0.5
-    max_rollbacks: int = 3
-
-    def __post_init__(self) -> None:
-        if not 0 < self.lr_factor <= 1:
-            raise ValueError(f"lr_factor must be in (0, 1], got {self.lr_factor}")
-        if self.every < 1:
-            raise ValueError(f"every must be >= 1, got {self.every}")
-        if self.max_rollbacks < 0:
-            raise ValueError(f"max_rollbacks must be >= 0, got {self.max_rollbacks}")
-        if self.reward_drop is not None and not 0 < self.reward_drop < 1:
-            raise ValueError(f"reward_drop must be in (0, 1), got {self.reward_drop}")
+#: the thresholds and actions of collapse recovery: the nested ``recovery`` part of the MARFT configs
+RecoverySettings = RecoveryConfig
 
 
 class CollapseDetector:
@@ -277,7 +254,7 @@ class CollapseRecovery:
             "history": list(t.history),
             "collector": t.collector.state_dict(),
             "np_rng": t.np_rng.bit_generator.state,
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
         lr_scale = getattr(t, "lr_scale", 1.0) * self.s.lr_factor
         rollbacks, last_nonfinite = list(self.rollbacks), self.detector.last_nonfinite
@@ -293,7 +270,7 @@ class CollapseRecovery:
         t.history = keep["history"]
         t.collector.load_state_dict(keep["collector"])
         t.np_rng.bit_generator.state = keep["np_rng"]
-        _set_rng_state(keep["rng"])
+        set_rng_state(keep["rng"])
         self.detector.load_state_dict(saved["detector"])
         self.detector.last_nonfinite = last_nonfinite  # the skip counter is kept, not rolled back
         # lower every learning rate: the restored states carry the scale in force when they
@@ -335,19 +312,3 @@ class CollapseRecovery:
         self.good = self.pending = None
         if self._tmp is not None:  # a later save re-creates it; the finalizer removes it again
             shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def settings_dict(self) -> dict[str, Any]:
-        """The thresholds in force, as a dict."""
-        return asdict(self.s)
-
-
-def _rng_state() -> dict[str, Any]:
-    from marft_algos.trainer import rng_state
-
-    return rng_state()
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    from marft_algos.trainer import set_rng_state
-
-    set_rng_state(state)

@@ -25,30 +25,36 @@ Extension points for subclasses (e.g. action-/token-level MARFT with a critic):
 - :meth:`state_dict` / :meth:`load_state_dict`: extend with ``super()`` to checkpoint
   extra state (critic weights, value heads, ...).
 
-Register an algorithm with :func:`register_algorithm`; the CLI finds it by name.
-Modules placed in ``marft_algos/algos/`` are imported on first lookup, so a new
-algorithm module that calls ``register_algorithm`` at import time is found by name.
+Register an algorithm with :func:`marft_algos.registry.register_algorithm`; the CLI
+finds it by name (the registry and the seeding helpers used to live here and are still
+importable from this module).
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
-import random
 import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from marft_algos.config import GRPOConfig, IPPOConfig, TrainConfig
+from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
+from marft_algos.registry import (
+    ALGORITHMS,
+    AlgorithmSpec,
+    UnknownAlgorithmError,
+    get_algorithm,
+    list_algorithms,
+    register_algorithm,
+)
 from marft_algos.rollout import RolloutBatch, RolloutCollector, Transition, iter_minibatches
+from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 
 __all__ = [
     "ALGORITHMS",
@@ -60,72 +66,16 @@ __all__ = [
     "Trainer",
     "pad_sequences",
     "make_policy",
+    "seed_everything",
+    "rng_state",
+    "set_rng_state",
 ]
 
 
-# --------------------------------------------------------------------------------------
-# registry
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """A registered algorithm: its trainer class, config class and a one-line summary."""
-
-    name: str
-    trainer_cls: type[Trainer]
-    config_cls: type[TrainConfig]
-    description: str = ""
-
-
-ALGORITHMS: dict[str, AlgorithmSpec] = {}
-
-
-class UnknownAlgorithmError(KeyError):
-    """An algorithm name that is not registered (the message suggests close names)."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
-
-
-def register_algorithm(
-    name: str,
-    trainer_cls: type[Trainer],
-    config_cls: type[TrainConfig],
-    description: str = "",
-    *,
-    overwrite: bool = False,
-) -> AlgorithmSpec:
-    """Register ``trainer_cls`` / ``config_cls`` under ``name`` (e.g. ``"marft-action"``)."""
-    if name in ALGORITHMS and not overwrite and ALGORITHMS[name].trainer_cls is not trainer_cls:
-        raise ValueError(f"algorithm {name!r} is already registered ({ALGORITHMS[name].trainer_cls.__name__})")
-    if not (isinstance(config_cls, type) and issubclass(config_cls, TrainConfig)):
-        raise TypeError(f"config_cls must be a TrainConfig subclass, got {config_cls!r}")
-    doc = description or next(iter((trainer_cls.__doc__ or "").strip().splitlines()), "")
-    spec = AlgorithmSpec(name=name, trainer_cls=trainer_cls, config_cls=config_cls, description=doc)
-    ALGORITHMS[name] = spec
-    return spec
-
-
 def _discover() -> None:
-    """Import every module of ``marft_algos.algos`` (they register themselves)."""
-    import marft_algos.algos  # noqa: F401  (its __init__ imports all algorithm modules)
+    """Import every registered algorithm (kept for scripts written against the old registry)."""
+    list_algorithms()
 
-
-def get_algorithm(name: str) -> AlgorithmSpec:
-    """Look up an algorithm by name; unknown names raise with a "did you mean" hint."""
-    _discover()
-    if name not in ALGORITHMS:
-        close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UnknownAlgorithmError(f"unknown algorithm {name!r}{hint} (available: {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[name]
-
-
-def list_algorithms() -> list[AlgorithmSpec]:
-    """Every registered algorithm, sorted by name."""
-    _discover()
-    return [ALGORITHMS[k] for k in sorted(ALGORITHMS)]
 
 
 # --------------------------------------------------------------------------------------
@@ -152,34 +102,6 @@ def _lr_lambda(warmup: int, total: int, kind: str) -> Callable[[int], float]:
         return 1.0
 
     return f
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, numpy's and torch's global RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, numpy and torch RNG states (restored exactly on resume)."""
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore states written by :func:`rng_state`."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
@@ -403,7 +325,7 @@ class Trainer(ABC):
 
     def needs_reference(self) -> bool:
         """Reference log-probs are needed when the KL penalty to the reference is on."""
-        return float(getattr(self.config, "beta", 0.0)) > 0
+        return isinstance(self.config, PPOLossConfig) and self.config.beta > 0
 
     def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
         """Old (behaviour) and reference log-probs of every trainable action, before any update.
@@ -491,29 +413,37 @@ class Trainer(ABC):
         adv = torch.tensor([float(t.advantage) for t in mb], dtype=torch.float32, device=stats.logprobs.device)
         return adv[:, None].expand_as(stats.logprobs)
 
+    def ppo_config(self) -> PPOLossConfig:
+        """The config as a :class:`~marft_algos.config.PPOLossConfig` (the default losses need its settings)."""
+        c = self.config
+        if not isinstance(c, PPOLossConfig):
+            raise ConfigError(
+                f"{type(self).__name__} uses the PPO policy loss, whose settings {type(c).__name__} lacks: "
+                "add marft_algos.config.PPOLossConfig to the config's bases, or override policy_loss"
+            )
+        return c
+
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """Clipped PPO surrogate (+ beta * KL to the reference policy when ``beta > 0``)."""
+        """Clipped PPO surrogate (+ beta * KL to the reference policy, - ent_coef * entropy)."""
         from marft_algos import losses
 
-        c = self.config
+        c = self.ppo_config()
         mask = stats.mask.float()
         logp = stats.logprobs
         old_logp = self.old_logprobs(mb, stats)
         adv = self.advantages_tensor(mb, stats)
-        eps_low = float(getattr(c, "eps_low", 0.2))
-        eps_high = float(getattr(c, "eps_high", eps_low))
-        agg = getattr(c, "loss_agg", "token")
-        loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, agg=agg)
+        loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         m = {f"agent/{agent}/{k}": float(v) for k, v in _as_metrics(info).items()}
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))
         m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
-        beta = float(getattr(c, "beta", 0.0))
-        if beta > 0 and "ref_logp" in mb[0].extras:
+        if c.beta > 0 and "ref_logp" in mb[0].extras:
             ref_logp = pad_sequences([t.extras["ref_logp"] for t in mb], logp.shape[1], device=logp.device)
             kl = losses.kl_to_reference(logp, ref_logp, mask)
-            loss = loss + beta * kl
+            loss = loss + c.beta * kl
             m[f"agent/{agent}/ref_kl"] = float(kl.detach())
+        if c.ent_coef > 0:
+            loss = loss - c.ent_coef * losses.masked_mean(stats.entropy, mask)
         return loss, m
 
     def extra_losses(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor | None, dict[str, float]]:
@@ -693,7 +623,7 @@ class Trainer(ABC):
                 opt_states[k] = opt.state_dict()
         sched_states = {k: s.state_dict() for k, s in self.schedulers.items()}
         return {
-            "algo": type(self.config).algo,
+            "algo": self.config.algo,
             "global_step": self.global_step,
             "optimizer_steps": dict(self.optimizer_steps),
             "counters": dict(self.counters),
@@ -752,5 +682,11 @@ def _as_metrics(info: Any) -> dict[str, float]:
     return {}
 
 
-# re-exported so `from marft_algos.trainer import GRPOConfig` works for subclass authors
-_ = (GRPOConfig, IPPOConfig)
+def __getattr__(name: str) -> Any:
+    # `from marft_algos.trainer import GRPOConfig` of older subclass authors: the configs
+    # live beside their algorithms now, which import this module (hence lazily)
+    if name in ("GRPOConfig", "IPPOConfig"):
+        from marft_algos import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'marft_algos.trainer' has no attribute {name!r}")

@@ -40,7 +40,7 @@ def marft_cfg(out, **kw):
     # recovery on (the default) with a short warm-up: its detector state must resume too
     base = dict(env_id="echo-duo-v0", env_kwargs=ENV_KWARGS, model="tiny-random", num_envs=8, steps=4, lr=0.02, critic_lr=0.01,
                 progress=False, tensorboard=False, plot=False, out_dir=str(out), sampling_overrides=SAMPLING, ppo_epochs=2,
-                num_minibatches=2, seed=3, recovery=True, recovery_warmup=3, kl_threshold=0.5)
+                num_minibatches=2, seed=3, recovery={"warmup": 3}, kl_threshold=0.5)
     base.update(kw)
     return MARFTActionConfig(**base)
 

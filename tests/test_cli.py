@@ -64,6 +64,30 @@ def test_algorithm_flags_and_config_file(tmp_path):
     assert cfg.sampling_overrides == {"listener": {"temperature": 0.5}}
 
 
+def test_nested_recovery_flags_set_and_config_file(tmp_path):
+    from marft_algos.cli import build_config, build_parser
+
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(json.dumps({"recovery": {"warmup": 5, "kl_max": None}, "critic_lr": 1e-3}))
+    argv = ["train", "--env", "echo-duo-v0", "--algo", "marft-action", "--config", str(cfg_file),
+            "--recovery-max-rollbacks", "2", "--set", "recovery.lr_factor=0.25"]
+    cfg = build_config(*build_parser().parse_known_args(argv))
+    r = cfg.recovery
+    assert (r.enabled, r.warmup, r.kl_max, r.max_rollbacks, r.lr_factor, cfg.critic_lr) == (True, 5, None, 2, 0.25, 1e-3)
+    off = build_config(*build_parser().parse_known_args(["train", "--algo", "marft-token", "--recovery", "false"]))
+    assert off.recovery.enabled is False
+    with pytest.warns(DeprecationWarning):  # the old flat spelling, as flag and as --set
+        old = build_config(*build_parser().parse_known_args(["train", "--algo", "ippo", "--value-lr", "0.01", "--set", "team_reward=false"]))
+    assert (old.critic_lr, old.reward_source) == (0.01, "agent")
+    # --help lists the nested flags, not the deprecated ones
+    from marft_algos.cli import _config_flag_parser
+    from marft_algos.registry import get_algorithm
+
+    text = _config_flag_parser(get_algorithm("ippo").config_cls).format_help()
+    assert "--critic-lr" in text and "--value-lr" not in text
+    assert "--recovery-max-rollbacks" in _config_flag_parser(get_algorithm("marft-action").config_cls).format_help()
+
+
 @pytest.mark.parametrize(
     "argv, expect",
     [

@@ -107,7 +107,7 @@ def test_catalog_lists_every_registered_env(site):
 
 def test_cli_page_lists_every_subcommand_and_algorithm(site):
     from marft_algos.cli import build_parser
-    from marft_algos.trainer import list_algorithms
+    from marft_algos.registry import list_algorithms
 
     page = _text((site / "cli" / "index.html").read_text(encoding="utf-8"))
     parser = build_parser()
@@ -196,7 +196,7 @@ def _doc_key(key: str, agents: set[str]) -> str:
 
 def _logged_keys_of_one_step() -> set[str]:
     """Keys of one tiny-model step of every algorithm, with the optional metrics switched on."""
-    from marft_algos.trainer import get_algorithm, list_algorithms
+    from marft_algos.registry import get_algorithm, list_algorithms
 
     extras = {  # switches whose metrics only appear when on
         "grpo": {"dynamic_sampling": True, "beta": 0.01},
@@ -251,7 +251,7 @@ def test_every_config_field_is_documented():
     """Each algorithm's config dataclass: every field is named in docs/algorithms.md."""
     import dataclasses
 
-    from marft_algos.trainer import get_algorithm, list_algorithms
+    from marft_algos.registry import get_algorithm, list_algorithms
 
     page = (DOCS / "algorithms.md").read_text(encoding="utf-8")
     algos = [s.name for s in list_algorithms()]

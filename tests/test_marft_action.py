@@ -69,7 +69,7 @@ def chain_batch(episodes: list[list[tuple[int, str, float, float]]]) -> RolloutB
 
 
 def test_registered_by_name_for_cli_and_python():
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     spec = get_algorithm("marft-action")
     assert spec.trainer_cls is MARFTActionTrainer and spec.config_cls is MARFTActionConfig
@@ -349,7 +349,7 @@ def test_docs_describe_every_config_field():
     from pathlib import Path
 
     from marft_algos.config import TrainConfig
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text()
     shared = {f.name for f in dataclasses.fields(TrainConfig)}

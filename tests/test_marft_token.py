@@ -36,7 +36,7 @@ def token_batch(actions: list[tuple[int, str, float, list[float]]], episode_id: 
 
 
 def test_registered_and_config_checks():
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     assert get_algorithm("marft-token").trainer_cls is MARFTTokenTrainer
     with pytest.raises(ConfigError, match="gamma_token"):

@@ -68,7 +68,7 @@ from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer
 
 def recovering_trainer(tmp_path, **kw) -> MARFTActionTrainer:
     # reward collapse is tested on its own above; a 4-episode toy batch is too noisy for it here
-    cfg = MARFTActionConfig(**echo_kwargs(recovery=True, recovery_warmup=1, recovery_reward_drop=None, out_dir=str(tmp_path / "run"), **{"steps": 5, **kw}))
+    cfg = MARFTActionConfig(**echo_kwargs(out_dir=str(tmp_path / "run"), **{"recovery": {"warmup": 1, "reward_drop": None}, "steps": 5, **kw}))
     return MARFTActionTrainer(cfg, policy=letter_policy())
 
 
@@ -149,7 +149,7 @@ def test_injected_entropy_spike_rolls_back_to_the_good_weights(tmp_path, monkeyp
 
 
 def test_too_many_rollbacks_stop_with_an_error(tmp_path, monkeypatch):
-    t = recovering_trainer(tmp_path, recovery_max_rollbacks=1, steps=6)
+    t = recovering_trainer(tmp_path, recovery={"warmup": 1, "reward_drop": None, "max_rollbacks": 1}, steps=6)
     real = MARFTActionTrainer.policy_loss
 
     def always_nan_after_1(self, agent, mb, stats):

@@ -64,11 +64,11 @@ def test_agentwise_normalization_uses_agent_statistics(trainer):
     for ep in batch.episodes:
         sp, li = ep.transitions
         sp.reward, li.reward = 10.0 * ep.team_return, ep.team_return + 0.5 * (ep.episode_id % 2 == 0)
-    trainer.config.reward_source, trainer.config.normalize = "agent", "agent"
+    trainer.config.reward_source, trainer.config.normalize_advantages = "agent", "agent"
     try:
         trainer.compute_advantages(batch)
     finally:
-        trainer.config.reward_source, trainer.config.normalize = "team", "global"
+        trainer.config.reward_source, trainer.config.normalize_advantages = "team", "group"
     for agent in ("speaker", "listener"):
         adv = np.array([t.advantage for t in batch.transitions if t.agent == agent])
         assert abs(adv.mean()) < 1e-6 and np.std(adv, ddof=1) == pytest.approx(1.0, rel=1e-4)

@@ -29,7 +29,7 @@ def make(**kw) -> IPPOTrainer:
 
 @pytest.fixture(scope="module")
 def trainer() -> IPPOTrainer:
-    return make(gamma=0.9, lam=0.8, normalize_advantages=False)
+    return make(gamma=0.9, lam=0.8, normalize_advantages="none")
 
 
 def make_batch(chains: dict[str, list[list[tuple[float, float]]]]) -> RolloutBatch:
@@ -140,7 +140,7 @@ def test_value_heads_train_and_are_per_agent():
 def test_ippo_learns_echo():
     """The team goes from chance (1/|V| = 0.125) to >= 0.8 correct with per-agent critics."""
     torch.set_num_threads(2)
-    t = make(num_envs=16, lr=0.05, value_lr=0.01, seed=0)
+    t = make(num_envs=16, lr=0.05, critic_lr=0.01, seed=0)
     acc = train_until_learned(t, max_steps=30, target=0.8)
     assert acc[0] <= CHANCE + 0.2, acc  # the untrained team (the batch before any update) is near chance
     assert np.mean(acc[-3:]) >= 0.8 >= CHANCE + 0.6, acc

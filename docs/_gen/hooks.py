@@ -607,7 +607,7 @@ def _algo_help() -> list[str]:
     import typing
 
     try:
-        from marft_algos.trainer import list_algorithms
+        from marft_algos.registry import list_algorithms
 
         algos = list_algorithms()
     except Exception as e:  # the trainer stack failed to import: say so in the page
@@ -638,16 +638,23 @@ def _algo_help() -> list[str]:
             "| flag | type | default | help |",
             "|---|---|---|---|",
         ]
-        for f in dataclasses.fields(cls):
+        rows = [(f, f.name, hints) for f in dataclasses.fields(cls)]
+        while rows:
+            f, name, types = rows.pop(0)
             if f.default is not dataclasses.MISSING:
                 default = json.dumps(f.default)
             elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                default = json.dumps(f.default_factory())  # type: ignore[misc]
+                value = f.default_factory()  # type: ignore[misc]
+                if dataclasses.is_dataclass(value):  # a nested part: one flag per setting
+                    sub_hints = typing.get_type_hints(type(value))
+                    rows[:0] = [(g, f"{name}_{g.name}", sub_hints) for g in dataclasses.fields(value) if g.name != "enabled"]
+                    value = getattr(value, "enabled", value)
+                default = json.dumps(value)
             else:
                 default = "required"
-            flag = "--" + f.name.replace("_", "-")
+            flag = "--" + name.replace("_", "-")
             typ = re.sub(
-                r"\btyping\.", "", str(hints[f.name]).replace("<class '", "").replace("'>", "")
+                r"\btyping\.", "", str(types[f.name]).replace("<class '", "").replace("'>", "")
             )
             hlp = str(f.metadata.get("help", "")).replace("|", "\\|")
             out.append(f"| `{flag}` | `{typ}` | `{default}` | {_inline(hlp)} |")

@@ -1,22 +1,28 @@
-"""Algorithm implementations; each module registers itself with ``register_algorithm``.
+"""Algorithm implementations, one module per algorithm (its trainer and its config).
 
-Every module in this package is imported here, so an algorithm added as
-``marft_algos/algos/<name>.py`` (calling ``register_algorithm`` at import time) is
-available to ``marft train --algo <name>`` without further wiring.
+The registry (:mod:`marft_algos.registry`) names each built-in algorithm's classes as
+lazy ``"module:Class"`` strings, so nothing here is imported until an algorithm is
+looked up. A new algorithm registers itself with
+:func:`marft_algos.registry.register_algorithm` (or, built in, gets one line in
+:data:`marft_algos.registry.BUILTIN_ALGORITHMS`).
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
+from typing import Any
 
-from marft_algos.algos.grpo import GRPOTrainer
-from marft_algos.algos.ippo import IPPOTrainer
+__all__ = ["GRPOTrainer", "IPPOTrainer", "MARFTActionTrainer", "MARFTTokenTrainer"]
 
-__all__ = ["GRPOTrainer", "IPPOTrainer"]
+_LAZY = {
+    "GRPOTrainer": "marft_algos.algos.grpo",
+    "IPPOTrainer": "marft_algos.algos.ippo",
+    "MARFTActionTrainer": "marft_algos.algos.marft_action",
+    "MARFTTokenTrainer": "marft_algos.algos.marft_token",
+}
 
-for _mod in pkgutil.iter_modules(__path__):
-    if not _mod.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_mod.name}")
-from marft_algos.algos.marft_action import MARFTActionTrainer  # noqa: E402,F401  (registers "marft-action")
-from marft_algos.algos.marft_token import MARFTTokenTrainer  # noqa: E402,F401  (registers "marft-token")
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'marft_algos.algos' has no attribute {name!r}")

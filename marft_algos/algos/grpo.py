@@ -2,11 +2,11 @@
 
 For each problem, G env copies reset with the same seed play G episodes. Every
 action of agent i in episode j is credited with the episode's team return R_j
-(or agent i's own return), and its advantage is group-relative:
+(or the rewards credited to agent i), and its advantage is group-relative:
 
-    A_j = (R_j - mean_{group}(R)) / (std_{group}(R) + eps)      (normalize="global")
+    A_j = (R_j - mean_{group}(R)) / (std_{group}(R) + eps)      (normalize_advantages="group")
 
-With ``normalize="agent"`` (Dr. MAS) the mean/std are taken per (group, agent), so an
+With ``normalize_advantages="agent"`` (Dr. MAS) the mean/std are taken per (group, agent), so an
 agent whose rewards have a different scale does not destabilise the others. The policy
 loss is the PPO clipped surrogate with DAPO clip-higher (``eps_low`` < ``eps_high``),
 aggregated per token or per sequence, plus an optional ``beta``-weighted KL to the
@@ -19,15 +19,65 @@ are those the advantages use: team returns, or each agent's own with
 
 from __future__ import annotations
 
+import typing
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from marft_algos.config import GRPOConfig
+from marft_algos.config import (
+    ConfigError,
+    PPOLossConfig,
+    Renamed,
+    TrainConfig,
+    check_normalization,
+    with_default,
+)
 from marft_algos.rollout import Episode, RolloutBatch, Transition
-from marft_algos.trainer import Trainer, register_algorithm
+from marft_algos.trainer import Trainer
 
-__all__ = ["GRPOTrainer"]
+__all__ = ["GRPOConfig", "GRPOTrainer"]
+
+
+def _group_for_global(value: Any) -> Any:
+    """GRPO's old ``normalize="global"`` is ``normalize_advantages="group"``."""
+    return "group" if value == "global" else value
+
+
+@dataclass
+class GRPOConfig(PPOLossConfig, TrainConfig):
+    """Group Relative Policy Optimisation for a team (one adapter per agent by default).
+
+    G env copies reset with the same seed share a problem; each agent's action is
+    credited with its episode's team return (or the agent's own credited rewards),
+    normalised within the group (over all agents of the group, or agent-wise as in Dr. MAS).
+    """
+
+    group_size: int = field(default=4, metadata={"help": "G: samples (episodes) per problem; must divide num_envs."})
+    normalize_advantages: str = field(default="group", metadata={"help": "'group' (one baseline per group), 'agent' (per group and agent, Dr. MAS) or 'none' (centred on the group mean, never scaled)."})
+    scale_rewards: bool = field(default=True, metadata={"help": "Divide group-centred rewards by their std (False = Dr. GRPO)."})
+    reward_source: str = field(default="team", metadata={"help": "'team': every action gets the episode's team return; 'agent': the sum of the rewards credited to the agent (PettingZoo cumulative rewards: a team reward given to all agents counts for each)."})
+    eps_high: float = with_default(PPOLossConfig, "eps_high", 0.28)
+    dynamic_sampling: bool = field(default=False, metadata={"help": "DAPO dynamic sampling: drop groups whose rewards are all equal and resample."})
+    max_resample_tries: int = field(default=3, metadata={"help": "Extra collection rounds to fill the batch when dynamic sampling drops groups."})
+
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"normalize": ("normalize_advantages", _group_for_global)}
+
+    def __post_init__(self) -> None:
+        if self.normalize_advantages == "global":
+            warnings.warn("normalize_advantages='global' is deprecated; use 'group'", DeprecationWarning, stacklevel=3)
+            self.normalize_advantages = "group"
+        super().__post_init__()
+        if self.group_size < 2:
+            raise ConfigError(f"GRPO needs group_size >= 2 (a group-relative baseline of one sample is 0), got {self.group_size}")
+        if self.num_envs % self.group_size:
+            raise ConfigError(f"num_envs ({self.num_envs}) must be a multiple of group_size ({self.group_size})")
+        check_normalization(self.normalize_advantages, ("group", "agent", "none"), "grpo")
+        if self.reward_source not in ("team", "agent"):
+            raise ConfigError(f"reward_source must be 'team' or 'agent', got {self.reward_source!r}")
+        if self.max_resample_tries < 0:
+            raise ConfigError(f"max_resample_tries must be >= 0, got {self.max_resample_tries}")
 
 
 class GRPOTrainer(Trainer):
@@ -80,8 +130,8 @@ class GRPOTrainer(Trainer):
         adv = grpo_advantages(
             np.asarray(rewards, dtype=np.float64),
             np.asarray(group_ids),
-            agent_ids=np.asarray(agent_ids) if c.normalize == "agent" else None,
-            normalize=c.normalize,
+            agent_ids=np.asarray(agent_ids) if c.normalize_advantages == "agent" else None,
+            normalize=c.normalize_advantages,
             scale=False,  # "all equal" is about centring; the std scale only rescales
         )
         return bool(np.max(np.abs(adv)) < 1e-8)
@@ -90,7 +140,7 @@ class GRPOTrainer(Trainer):
         """The samples the advantages are computed over: ``(transitions, reward, group, agent)``
         per episode (team reward, global baseline) or per (episode, agent)."""
         c = self.config
-        per_agent_units = c.reward_source == "agent" or c.normalize == "agent"
+        per_agent_units = c.reward_source == "agent" or c.normalize_advantages == "agent"
         units: list[list[Transition]] = []  # the transitions of each sample
         rewards: list[float] = []
         group_ids: list[int] = []
@@ -128,14 +178,11 @@ class GRPOTrainer(Trainer):
         adv = grpo_advantages(
             np.asarray(rewards, dtype=np.float64),
             np.asarray(group_ids),
-            agent_ids=np.asarray(agent_ids) if c.normalize == "agent" else None,
-            normalize=c.normalize,
+            agent_ids=np.asarray(agent_ids) if c.normalize_advantages == "agent" else None,
+            normalize=c.normalize_advantages,
             scale=c.scale_rewards,
         )
         for trs, a, R in zip(units, np.asarray(adv, dtype=np.float64).tolist(), rewards, strict=True):
             for t in trs:
                 t.advantage = float(a)
                 t.returns = float(R)
-
-
-register_algorithm("grpo", GRPOTrainer, GRPOConfig, "GRPO: group-relative advantages (global or agent-wise), DAPO clip-higher and dynamic sampling")

@@ -9,34 +9,71 @@ agent's own transitions of an episode, in order, with no chaining across agents
     A_k     = delta_k + gamma * lam * (1 - done_k) * A_{k+1}
     R_k     = A_k + V_i(o_k)
 
-``r_k`` is the team reward of the turn of action k (``team_reward=True``, the
-default) or the agent's own reward. The loss per agent is the PPO clipped surrogate
+``r_k`` is the team reward of the turn of action k (``reward_source="team"``, the
+default) or the reward credited to the agent for action k (``reward_source="agent"``). The loss per agent is the PPO clipped surrogate
 (+ optional entropy bonus and KL to the reference) plus ``vf_coef`` times the value
 loss of that agent's head; the head has its own optimizer (``value/<agent>``).
 """
 
 from __future__ import annotations
 
+import typing
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from marft_algos.config import IPPOConfig
+from marft_algos.config import (
+    ConfigError,
+    CriticConfig,
+    PPOLossConfig,
+    Renamed,
+    TrainConfig,
+    check_normalization,
+    with_default,
+)
+from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import Trainer, register_algorithm
+from marft_algos.trainer import Trainer
 
-__all__ = ["IPPOTrainer", "agent_chains"]
+__all__ = ["IPPOConfig", "IPPOTrainer"]
 
 
-def agent_chains(batch: RolloutBatch, agent: str) -> list[list[Transition]]:
-    """Per episode, ``agent``'s own transitions in execution order (its GAE chains)."""
-    chains = []
-    for ep in batch.episodes:
-        chain = [t for t in ep.transitions if t.agent == agent]
-        if chain:
-            chains.append(chain)
-    return chains
+def _source_of_team_reward(team_reward: Any) -> str:
+    """IPPO's old ``team_reward`` bool is ``reward_source``."""
+    return "team" if team_reward else "agent"
+
+
+@dataclass
+class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
+    """Independent PPO: each agent is its own PPO learner with its own value head.
+
+    Value heads sit on the frozen base model (one per agent); GAE runs over each
+    agent's own transitions only, no chaining across agents.
+    """
+
+    gamma: float = field(default=0.99, metadata={"help": "Discount between an agent's consecutive actions (turns)."})
+    lam: float = field(default=0.95, metadata={"help": "GAE lambda."})
+    reward_source: str = field(default="team", metadata={"help": "'team': each action gets its turn's team reward; 'agent': the rewards credited to the agent for that action (PettingZoo cumulative rewards)."})
+    normalize_advantages: str = field(default="agent", metadata={"help": "'agent' (whiten per agent within the batch), 'batch' (over all trainable actions) or 'none'."})
+    value_loss: str = with_default(CriticConfig, "value_loss", "mse")
+
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"team_reward": ("reward_source", _source_of_team_reward)}
+
+    def __post_init__(self) -> None:
+        if isinstance(self.normalize_advantages, bool):  # the old bool: per agent or off
+            warnings.warn("normalize_advantages=True/False is deprecated; use 'agent'/'none'", DeprecationWarning, stacklevel=3)
+            self.normalize_advantages = "agent" if self.normalize_advantages else "none"
+        super().__post_init__()
+        if not (0 <= self.gamma <= 1):
+            raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not (0 <= self.lam <= 1):
+            raise ConfigError(f"lam must be in [0, 1], got {self.lam}")
+        if self.reward_source not in ("team", "agent"):
+            raise ConfigError(f"reward_source must be 'team' or 'agent', got {self.reward_source!r}")
+        check_normalization(self.normalize_advantages, ("none", "batch", "agent"), "ippo")
 
 
 class IPPOTrainer(Trainer):
@@ -72,7 +109,7 @@ class IPPOTrainer(Trainer):
         """The policy optimizers plus one AdamW per value head (``value/<agent>``)."""
         opts = super().build_optimizers()
         for agent in self.agents:
-            opts[f"value/{agent}"] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.value_lr, eps=self.config.adam_eps)
+            opts[f"value/{agent}"] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.critic_lr, eps=self.config.adam_eps)
         return opts
 
     def optimizer_keys(self, agent: str) -> list[str]:
@@ -99,7 +136,7 @@ class IPPOTrainer(Trainer):
         trs = batch.transitions  # execution order, episodes contiguous
         if not trs:
             return
-        rewards = [t.team_reward if c.team_reward else t.reward for t in trs]
+        rewards = [t.team_reward if c.reward_source == "team" else t.reward for t in trs]
         adv, ret = per_agent_gae(
             rewards,
             [t.value for t in trs],
@@ -115,9 +152,11 @@ class IPPOTrainer(Trainer):
         )
         for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
             t.advantage, t.returns = float(a), float(r)
-        if c.normalize_advantages:
-            for agent in self.agents:
-                group = batch.agent_transitions(agent)
+        if c.normalize_advantages != "none":
+            groups = [batch.agent_transitions(a) for a in self.agents]
+            if c.normalize_advantages == "batch":
+                groups = [[t for g in groups for t in g]]
+            for group in groups:
                 if len(group) > 1:
                     a = np.array([t.advantage for t in group])
                     a = (a - a.mean()) / (a.std() + 1e-8)
@@ -133,16 +172,6 @@ class IPPOTrainer(Trainer):
         return flags
 
     # ---- losses ------------------------------------------------------------------------
-    def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped surrogate (+ KL to the reference) minus the entropy bonus."""
-        from marft_algos import losses
-
-        loss, m = super().policy_loss(agent, mb, stats)
-        if self.config.ent_coef > 0:
-            entropy = losses.masked_mean(stats.entropy, stats.mask.float())
-            loss = loss - self.config.ent_coef * entropy
-        return loss, m
-
     def extra_losses(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """vf_coef * value loss of ``agent``'s head on the minibatch."""
         from marft_algos import losses
@@ -151,14 +180,11 @@ class IPPOTrainer(Trainer):
         v = self._critic.minibatch_action_values(agent, mb)
         returns = torch.tensor([t.returns for t in mb], dtype=v.dtype, device=v.device)
         old_v = torch.tensor([t.value for t in mb], dtype=v.dtype, device=v.device)
-        vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss)
-        if isinstance(vloss, tuple):
-            vloss = vloss[0]
-        explained = 1.0 - float(torch.var(returns - v.detach()) / (torch.var(returns) + 1e-8)) if len(mb) > 1 else float("nan")
+        vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss, delta=c.huber_delta)
         return c.vf_coef * vloss, {
             f"agent/{agent}/value_loss": float(vloss.detach()),
             f"agent/{agent}/value_mean": float(v.detach().mean()),
-            f"agent/{agent}/explained_variance": explained,
+            f"agent/{agent}/explained_variance": explained_variance(v.detach(), returns),
         }
 
     # ---- checkpoint: value heads ---------------------------------------------------------
@@ -177,6 +203,3 @@ class IPPOTrainer(Trainer):
                 for p, t in zip(self.value_parameters(agent), tensors, strict=True):
                     p.copy_(t.to(p.device, p.dtype))
         super().load_state_dict(state)
-
-
-register_algorithm("ippo", IPPOTrainer, IPPOConfig, "Independent PPO: one value head per agent on the frozen base, per-agent GAE")

@@ -31,118 +31,16 @@ Collapse recovery (``recovery=True``, default): see :mod:`marft_algos.recovery`.
 
 from __future__ import annotations
 
-import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
-from marft_algos.config import ConfigError, TrainConfig
+from marft_algos.algos.marft import MARFTConfig, MARFTTrainerBase, _check
+from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import Trainer, register_algorithm
 
 __all__ = ["MARFTConfig", "MARFTActionConfig", "MARFTActionTrainer", "MARFTTrainerBase"]
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
-
-
-@dataclass
-class MARFTConfig(TrainConfig):
-    """Settings shared by action- and token-level MARFT (chain GAE, PPO, critic, schedule, recovery)."""
-
-    # --- chain GAE -----------------------------------------------------------------
-    gamma_agent: float = field(default=0.99, metadata={"help": "Discount of a hop to the next agent inside a turn (reference: 0.99)."})
-    lam_agent: float = field(default=0.95, metadata={"help": "GAE lambda of a hop to the next agent inside a turn (reference: 0.95)."})
-    gamma_turn: float = field(default=0.99, metadata={"help": "Discount of a hop from a turn's last agent to the next turn (reference: 0.99)."})
-    lam_turn: float = field(default=0.95, metadata={"help": "GAE lambda of a hop to the next turn (reference: 0.95)."})
-    normalize_advantages: str = field(default="none", metadata={"help": "'none' (raw GAE advantages), 'batch' (whiten over all trainable actions, as the reference) or 'agent' (whiten per agent)."})
-    # --- policy loss ---------------------------------------------------------------
-    eps_low: float = field(default=0.2, metadata={"help": "Lower PPO clip range (ratio >= 1 - eps_low)."})
-    eps_high: float = field(default=0.2, metadata={"help": "Upper PPO clip range (ratio <= 1 + eps_high); > eps_low is DAPO clip-higher."})
-    ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
-    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
-    kl_threshold: float | None = field(default=None, metadata={"help": "KL hard cut: skip an agent's policy step when approx KL(old || new) exceeds this (the reference hard-coded 1e-3); None disables it."})
-    # --- critic --------------------------------------------------------------------
-    critic_per_agent: bool = field(default=False, metadata={"help": "One value head per agent instead of one shared critic."})
-    critic_lora: bool = field(default=False, metadata={"help": "Give the critic its own LoRA adapter on the base (trained with the head; disables the hidden-state cache)."})
-    critic_lr: float = field(default=1e-4, metadata={"help": "Critic learning rate (paper: 1e-5 for a full MLP head on a 0.5B+ model)."})
-    critic_warmup_steps: int = field(default=0, metadata={"help": "Training steps at the start where only the critic trains."})
-    value_loss: str = field(default="huber", metadata={"help": "'huber' (symmetric) or 'mse'."})
-    huber_delta: float = field(default=10.0, metadata={"help": "Huber delta."})
-    value_clip: float | None = field(default=None, metadata={"help": "Clip value predictions to +-value_clip around the rollout values (None = off)."})
-    vf_coef: float = field(default=1.0, metadata={"help": "Value loss coefficient (the critic has its own optimizer; this scales its gradient)."})
-    # --- schedule ------------------------------------------------------------------
-    agent_by_agent: bool = field(default=False, metadata={"help": "Sequential updates: at update k only agent number (k // agent_interval) mod N steps its optimizer."})
-    agent_interval: int = field(default=1, metadata={"help": "Updates per agent turn in agent-by-agent mode."})
-    # --- collapse recovery ---------------------------------------------------------
-    recovery: bool = field(default=True, metadata={"help": "Detect collapses (NaN/inf, entropy surge, KL spike, reward collapse) and roll back."})
-    recovery_entropy_factor: float | None = field(default=3.0, metadata={"help": "Entropy surge: entropy > factor x its running baseline (None = off)."})
-    recovery_entropy_min_delta: float = field(default=1.0, metadata={"help": "Entropy surge also needs entropy - baseline > this (nats)."})
-    recovery_entropy_max: float | None = field(default=None, metadata={"help": "Entropy surge: absolute ceiling (None = off)."})
-    recovery_kl_max: float | None = field(default=1.0, metadata={"help": "KL spike: approx KL(old || new) of an agent above this (None = off)."})
-    recovery_ref_kl_max: float | None = field(default=None, metadata={"help": "KL spike: KL to the reference above this (None = off)."})
-    recovery_reward_drop: float | None = field(default=0.5, metadata={"help": "Reward collapse: reward EMA below (1 - drop) x its best (None = off)."})
-    recovery_reward_min: float = field(default=0.2, metadata={"help": "Reward collapse is only checked once the best reward EMA reaches this."})
-    recovery_warmup: int = field(default=2, metadata={"help": "Healthy steps before the entropy and reward detectors are armed."})
-    recovery_every: int = field(default=1, metadata={"help": "Save a recovery checkpoint every N healthy steps."})
-    recovery_lr_factor: float = field(default=0.5, metadata={"help": "Multiply every learning rate by this on each rollback."})
-    recovery_max_rollbacks: int = field(default=3, metadata={"help": "Stop with an error at the next collapse after this many rollbacks."})
-
-    algo: typing.ClassVar[str] = "marft"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("gamma_agent", "lam_agent", "gamma_turn", "lam_turn"):
-            v = getattr(self, name)
-            _check(0 <= v <= 1, f"{name} must be in [0, 1], got {v}")
-        _check(self.normalize_advantages in ("batch", "agent", "none"), f"normalize_advantages must be 'batch', 'agent' or 'none', got {self.normalize_advantages!r}")
-        _check(0 <= self.eps_low < 1, f"eps_low must be in [0, 1), got {self.eps_low}")
-        _check(self.eps_high >= self.eps_low, f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low})")
-        _check(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}")
-        _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        _check(self.kl_threshold is None or self.kl_threshold > 0, f"kl_threshold must be > 0 or None, got {self.kl_threshold}")
-        _check(self.critic_lr > 0, f"critic_lr must be > 0, got {self.critic_lr}")
-        _check(self.critic_warmup_steps >= 0, f"critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
-        _check(self.value_loss in ("huber", "mse"), f"value_loss must be 'huber' or 'mse', got {self.value_loss!r}")
-        _check(self.huber_delta > 0, f"huber_delta must be > 0, got {self.huber_delta}")
-        _check(self.value_clip is None or self.value_clip > 0, f"value_clip must be > 0 or None, got {self.value_clip}")
-        _check(self.vf_coef > 0, f"vf_coef must be > 0, got {self.vf_coef}")
-        _check(self.agent_interval >= 1, f"agent_interval must be >= 1, got {self.agent_interval}")
-        _check(
-            not (self.agent_by_agent and self.mode == "shared"),
-            "agent_by_agent needs one adapter per agent: with mode='shared' every agent's policy is the one shared "
-            "adapter, so a step on one agent's data moves all agents and the schedule would not hold the others fixed",
-        )
-        _check(0 < self.recovery_lr_factor <= 1, f"recovery_lr_factor must be in (0, 1], got {self.recovery_lr_factor}")
-        _check(self.recovery_every >= 1, f"recovery_every must be >= 1, got {self.recovery_every}")
-        _check(self.recovery_max_rollbacks >= 0, f"recovery_max_rollbacks must be >= 0, got {self.recovery_max_rollbacks}")
-        _check(
-            self.recovery_reward_drop is None or 0 < self.recovery_reward_drop < 1,
-            f"recovery_reward_drop must be in (0, 1) or None, got {self.recovery_reward_drop}",
-        )
-
-    def recovery_settings(self) -> Any:
-        """The ``recovery_*`` fields as :class:`marft_algos.recovery.RecoverySettings`."""
-        from marft_algos.recovery import RecoverySettings
-
-        return RecoverySettings(
-            entropy_factor=self.recovery_entropy_factor,
-            entropy_min_delta=self.recovery_entropy_min_delta,
-            entropy_max=self.recovery_entropy_max,
-            kl_max=self.recovery_kl_max,
-            ref_kl_max=self.recovery_ref_kl_max,
-            reward_drop=self.recovery_reward_drop,
-            reward_min=self.recovery_reward_min,
-            warmup=self.recovery_warmup,
-            every=self.recovery_every,
-            lr_factor=self.recovery_lr_factor,
-            max_rollbacks=self.recovery_max_rollbacks,
-        )
 
 
 @dataclass
@@ -151,199 +49,10 @@ class MARFTActionConfig(MARFTConfig):
 
     logprob_norm: str = field(default="token", metadata={"help": "Whole-action log-prob in the ratio: 'sum', 'token' (divide by token count) or 'word' (divide by word count)."})
 
-    algo: typing.ClassVar[str] = "marft-action"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.logprob_norm in ("sum", "token", "word"), f"logprob_norm must be 'sum', 'token' or 'word', got {self.logprob_norm!r}")
-
-
-class MARFTTrainerBase(Trainer):
-    """Machinery shared by action- and token-level MARFT: critic, schedule, KL cut, recovery.
-
-    Subclasses implement :meth:`compute_advantages`, :meth:`critic_loss` and
-    :meth:`policy_loss`.
-    """
-
-    config: MARFTConfig
-
-    def __init__(self, config: MARFTConfig, *, value_model: Any = None, **kwargs: Any) -> None:
-        self._value_model_arg = value_model
-        self._step_keys: list[str] | None = None
-        self._active: set[str] = set()
-        self.lr_scale = 1.0
-        super().__init__(config, **kwargs)
-        if config.agent_by_agent:
-            shared = [a for a in self.agents if any(b != a and self.optimizers[b] is self.optimizers[a] for b in self.agents)]
-            if shared:
-                raise ConfigError(
-                    f"agent_by_agent needs separate parameters per agent, but {shared} share theirs (mode={config.mode!r} or "
-                    "profiles naming one adapter): a step on one agent's data would move the others too"
-                )
-        self.recovery = None
-        if config.recovery:
-            from marft_algos.recovery import CollapseRecovery
-
-            self.recovery = CollapseRecovery(self, config.recovery_settings())
-
-    # ---- modules -------------------------------------------------------------------
-    def setup(self) -> None:
-        """Build the critic (shared head by default, per agent on request) on the frozen base."""
-        from marft_algos.algos.critic import Critic
-
-        c = self.config
-        self.critic = Critic(self.policy, self.agents, per_agent=c.critic_per_agent, lora=c.critic_lora, value_model=self._value_model_arg)
-
-    def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """The policy optimizers plus the critic's (``"critic"``), at the current rollback lr scale."""
-        opts = super().build_optimizers()
-        opts["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=self.config.critic_lr * self.lr_scale, eps=self.config.adam_eps)
-        return opts
-
-    def optimizer_keys(self, agent: str) -> list[str]:
-        # train_minibatch steps the critic and the agent's policy separately, so that a KL hard
-        # cut (or a non-finite policy loss) never stops the critic from training
-        """The agent's policy optimizer, or the critic's while :meth:`critic_step` runs."""
-        return list(self._step_keys) if self._step_keys is not None else [agent]
-
-    # ---- schedule ------------------------------------------------------------------
-    def scheduled_agents(self, step: int | None = None) -> list[str]:
-        """Agents whose policy steps at update ``step`` (default: the current one)."""
-        c = self.config
-        k = self.global_step if step is None else step
-        if k < c.critic_warmup_steps:
-            return []
-        if not c.agent_by_agent:
-            return list(self.agents)
-        return [self.agents[((k - c.critic_warmup_steps) // c.agent_interval) % len(self.agents)]]
-
-    def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        # no policy update at this step (critic warm-up): no old/reference log-probs needed
-        """Old / reference log-probs, skipped when no policy steps (critic warm-up)."""
-        if self.scheduled_agents():
-            super().prepare_update(batch, chunk)
-
-    #: the metric the KL hard cut compares with ``kl_threshold`` (``agent/<a>/<name>``)
-    cut_kl_name: str = "kl"
-
-    def before_optimizer_step(self, agent: str, metrics: dict[str, float]) -> bool:
-        """KL hard cut: skip this agent's policy step when approx KL(old || new) > kl_threshold."""
-        th = self.config.kl_threshold
-        if self._step_keys is not None or th is None:  # never cut the critic
-            return True
-        kl = metrics.get(f"agent/{agent}/{self.cut_kl_name}")
-        if kl is not None and kl > th:
-            self.counters["train/kl_cuts"] += 1
-            self.counters[f"agent/{agent}/kl_cuts"] += 1
-            metrics[f"agent/{agent}/kl_cut"] = 1.0
-            return False
-        metrics[f"agent/{agent}/kl_cut"] = 0.0
-        return True
-
-    # ---- update ----------------------------------------------------------------------
-    def train_minibatch(self, agent: str, mb: list[Transition], *, epoch: int = 0) -> dict[str, float]:
-        """Critic step on ``agent``'s minibatch (always), then its policy step if scheduled."""
-        metrics = self.critic_step(agent, mb)
-        if agent in self._active:
-            metrics.update(super().train_minibatch(agent, mb, epoch=epoch))
-        return metrics
-
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """Critic on every agent's data; policy steps for the scheduled agents only."""
-        self._active = set(self.scheduled_agents())
-        out = super().update(batch)
-        for agent in self.agents:
-            out[f"agent/{agent}/policy_updated"] = float(agent in self._active)
-        return out
-
-    def critic_step(self, agent: str, mb: list[Transition]) -> dict[str, float]:
-        """One guarded critic optimizer step on ``agent``'s minibatch (never vetoed by the KL cut)."""
-        loss, metrics = self.critic_loss(agent, mb)
-        self._step_keys = ["critic"]
-        try:
-            ok, norms = self.optimizer_step(agent, self.config.vf_coef * loss, metrics)
-        finally:
-            self._step_keys = None
-        if "critic" in norms:
-            metrics["critic/grad_norm"] = norms["critic"]
-        return {k: v for k, v in metrics.items() if math.isfinite(v)}
-
-    def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The critic's loss on ``agent``'s minibatch and its metrics (implemented per level)."""
-        raise NotImplementedError
-
-    def entropy_and_penalties(self, agent: str, mb: list[Transition], stats: Any, loss: torch.Tensor, m: dict[str, float]) -> torch.Tensor:
-        """Add the entropy bonus and the KL penalty to the reference to a policy loss."""
-        from marft_algos import losses
-        from marft_algos.trainer import pad_sequences
-
-        c = self.config
-        mask = stats.mask.float()
-        m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
-        if c.ent_coef > 0:
-            loss = loss - losses.entropy_bonus(stats.entropy, mask, c.ent_coef)
-        if c.beta > 0 and "ref_logp" in mb[0].extras:
-            ref = pad_sequences([t.extras["ref_logp"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
-            kl = losses.kl_to_reference(stats.logprobs, ref, mask)
-            loss = loss + c.beta * kl
-            m[f"agent/{agent}/ref_kl"] = float(kl.detach())
-        return loss
-
-    # ---- advantages helpers ------------------------------------------------------------
-    def normalize(self, batch: RolloutBatch, get: Any, put: Any) -> None:
-        """Normalise advantages over trainable transitions (batch-wide or per agent)."""
-        mode = self.config.normalize_advantages
-        if mode == "none":
-            return
-        groups = [batch.agent_transitions(a) for a in self.agents] if mode == "agent" else [[t for t in batch.transitions if t.trainable]]
-        for trs in groups:
-            if not trs:
-                continue
-            flat = np.concatenate([np.atleast_1d(get(t)) for t in trs])
-            if flat.size < 2:
-                continue
-            mu, sd = flat.mean(), flat.std()
-            for t in trs:
-                put(t, (np.asarray(get(t)) - mu) / (sd + 1e-8))
-
-    # ---- loop: recovery --------------------------------------------------------------------
-    def train_step(self) -> dict[str, float]:
-        """One step, then the collapse check (which may roll back)."""
-        if self.recovery is not None and self.recovery.good is None:
-            self.recovery.start()  # the starting weights are the first good checkpoint
-        m = super().train_step()
-        if self.recovery is not None:
-            self.recovery.after_step(m)
-        return m
-
-    def train(self, steps: int | None = None) -> list[dict[str, float]]:
-        """Train as the runtime does; the recovery checkpoints are forgotten at the end."""
-        try:
-            return super().train(steps)
-        finally:
-            if self.recovery is not None:
-                self.recovery.close()
-
-    # ---- checkpoint: critic ------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The runtime's state plus the critic, the rollback lr scale and the collapse
-        detector's baselines (a resumed run does not re-arm its warm-up)."""
-        state = super().state_dict()
-        state["critic"] = self.critic.state_dict()
-        state["lr_scale"] = self.lr_scale
-        recovery = getattr(self, "recovery", None)
-        if recovery is not None:
-            state["recovery"] = recovery.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.critic.load_state_dict(state["critic"])
-        self.lr_scale = float(state.get("lr_scale", 1.0))
-        recovery = getattr(self, "recovery", None)
-        if recovery is not None and "recovery" in state:
-            recovery.load_state_dict(state["recovery"])
-        super().load_state_dict(state)
 
 
 class MARFTActionTrainer(MARFTTrainerBase):
@@ -408,7 +117,7 @@ class MARFTActionTrainer(MARFTTrainerBase):
             f"agent/{agent}/value_loss": float(loss.detach()),
             f"agent/{agent}/value_mean": float(v.detach().mean()),
             f"agent/{agent}/return_mean": float(returns.mean()),
-            f"agent/{agent}/explained_variance": _explained_variance(v.detach(), returns),
+            f"agent/{agent}/explained_variance": explained_variance(v.detach(), returns),
         }
 
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
@@ -432,24 +141,3 @@ class MARFTActionTrainer(MARFTTrainerBase):
         m[f"agent/{agent}/advantage_mean"] = float(adv.mean())
         loss = self.entropy_and_penalties(agent, mb, stats, loss, m)
         return loss, m
-
-
-def _explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> float:
-    """1 - Var[target - pred] / Var[target] (NaN when undefined)."""
-    if mask is not None:
-        sel = mask.bool()
-        pred, target = pred[sel], target[sel]
-    if target.numel() < 2:
-        return float("nan")
-    var = float(torch.var(target))
-    if var < 1e-12:
-        return float("nan")
-    return 1.0 - float(torch.var(target - pred)) / var
-
-
-register_algorithm(
-    "marft-action",
-    MARFTActionTrainer,
-    MARFTActionConfig,
-    "Action-level MARFT: chain GAE over (turn, agent) actions, whole-action PPO ratios, shared critic, agent-by-agent option, collapse recovery",
-)

@@ -24,21 +24,16 @@ KL penalty and hard cut, collapse recovery) is shared with action-level MARFT.
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from marft_algos.algos.marft_action import (
-    MARFTConfig,
-    MARFTTrainerBase,
-    _check,
-    _explained_variance,
-)
+from marft_algos.algos.marft import MARFTConfig, MARFTTrainerBase, _check
+from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import pad_sequences, register_algorithm
+from marft_algos.trainer import pad_sequences
 
 __all__ = ["MARFTTokenConfig", "MARFTTokenTrainer"]
 
@@ -49,15 +44,12 @@ class MARFTTokenConfig(MARFTConfig):
 
     gamma_token: float = field(default=1.0, metadata={"help": "Discount between tokens of one action (reference: 0.99, i.e. the step gamma)."})
     lam_token: float = field(default=1.0, metadata={"help": "GAE lambda between tokens of one action (reference: 0.95)."})
-    loss_agg: str = field(default="token", metadata={"help": "'token' (mean over all real tokens) or 'sequence' (mean per action, then over actions)."})
 
-    algo: typing.ClassVar[str] = "marft-token"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(0 <= self.gamma_token <= 1, f"gamma_token must be in [0, 1], got {self.gamma_token}")
         _check(0 <= self.lam_token <= 1, f"lam_token must be in [0, 1], got {self.lam_token}")
-        _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
 
 
 class MARFTTokenTrainer(MARFTTrainerBase):
@@ -182,13 +174,5 @@ class MARFTTokenTrainer(MARFTTrainerBase):
             f"agent/{agent}/value_loss": float(loss.detach()),
             f"agent/{agent}/value_mean": float(losses.masked_mean(v.detach(), mask)),
             f"agent/{agent}/return_mean": float(losses.masked_mean(returns, mask)),
-            f"agent/{agent}/explained_variance": _explained_variance(v.detach(), returns, mask),
+            f"agent/{agent}/explained_variance": explained_variance(v.detach(), returns, mask),
         }
-
-
-register_algorithm(
-    "marft-token",
-    MARFTTokenTrainer,
-    MARFTTokenConfig,
-    "Token-level MARFT: per-token values and Bellman backup across agents, per-token PPO ratios, shared critic, collapse recovery",
-)

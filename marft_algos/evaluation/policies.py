@@ -85,7 +85,7 @@ def read_run_config(checkpoint: str | os.PathLike[str]) -> tuple[Any, Path]:
     """``(config, checkpoint dir)`` of the checkpoint that ``checkpoint`` resolves to."""
     from marft_algos.checkpoint import find_checkpoint
     from marft_algos.config import config_from_dict
-    from marft_algos.trainer import get_algorithm
+    from marft_algos.registry import get_algorithm
 
     ckpt = find_checkpoint(checkpoint)
     data = json.loads((ckpt / "config.json").read_text())
