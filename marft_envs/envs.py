@@ -329,3 +329,47 @@ for _team, _what in (("solo", "generator with the search tool"),
         description=f"multi-hop QA over a local corpus (offline KB; hotpotqa, nq); {_what}; reward answer F1",
     )
 __all__ += ["TOOL_ENV_IDS"]
+
+
+# ------------------------------------------------------------ the seeds' teams and workflows
+# MALT (generator -> verifier -> refiner), ReMA (meta-thinker -> reasoner over several turns),
+# a planner routing to specialists over several hops (MultiHopRouted), and the workflow env
+# that runs a user's multi-agent program (marft_envs.workflow).
+#: Ids registered by this block.
+TEAM_ENV_IDS: tuple[str, ...] = tuple(
+    f"{task}-{team}-v0" for team in ("malt", "rema", "planner") for task in ("arith", "gsm8k", "math")
+) + ("workflow-example-v0",)
+_SEED_TEAMS = {
+    "malt": ("generator -> verifier -> refiner (MALT; refiner graded)", {}),
+    "rema": ("meta-thinker -> reasoner, 2 turns (ReMA; reasoner graded)", {"horizon": 2}),
+    "planner": ("planner routes to solver / checker over up to 3 hops, then answers (multi-hop)", {}),
+}
+# The math-like family pages list the new teams next to the old ones.
+_SEED_AGENTS = (
+    "; malt: ``generator``, ``verifier``, ``refiner``; rema: ``meta_thinker``, ``reasoner``; "
+    "planner: ``planner``, ``solver``, ``checker``"
+)
+_SEED_D = (
+    "; malt/rema: ``Chain`` (rema: 2 turns, the meta-thinker guides each turn); planner: "
+    "``MultiHopRouted`` (the planner acts again after each specialist: ``ROUTE: <name>`` or "
+    "``ROUTE: done``, at most 3 hops; the planner is graded)"
+)
+for _task, (_what, _teams, _kwargs) in _TASKS.items():
+    FAMILIES[_task] = (
+        FAMILIES[_task].replace(_MATH_AGENTS, _MATH_AGENTS + _SEED_AGENTS, 1).replace(_MATH_D, _MATH_D + _SEED_D, 1)
+    )
+    for _team, (_how, _extra) in _SEED_TEAMS.items():
+        builtin(
+            f"{_task}-{_team}-v0",
+            _ENTRY,
+            kwargs={"task": _task, "profiles": _team, **_kwargs, **_extra},
+            description=f"{_what}; {_how}",
+        )
+
+builtin(
+    "workflow-example-v0",
+    "marft_envs.workflow:example_env",
+    kwargs={},
+    description="a user's multi-agent program as an env: solver -> checker (-> solver) on arith",
+)
+__all__ += ["TEAM_ENV_IDS"]
