@@ -379,6 +379,9 @@ class TextTeamEnv(AECEnv):
 
     # ------------------------------------------------------------------- views
     def _visible(self, agent: str, executed: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        history_fn = getattr(self.team.topology, "visible_history", None)  # e.g. a shared dialogue history
+        if callable(history_fn):
+            return history_fn(agent, executed)
         parents = set(self.team.topology.parents(agent, executed))
         return [(a, x) for a, x in executed if a == agent or a in parents]
 

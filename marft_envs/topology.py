@@ -57,6 +57,17 @@ class Topology:
     is_static: bool = True
     #: True when an agent may act more than once in a turn (:class:`MultiHopRouted`).
     repeats: bool = False
+    #: True when every agent sees every action of the earlier turns (not only its own and
+    #: its parents'): a dialogue history, as in ReMA's multi-turn meta-thinker/reasoner.
+    shared_history: bool = False
+
+    def visible_history(self, agent: str, past: Executed) -> list[tuple[str, str]]:
+        """The pairs of an earlier turn ``past`` that ``agent`` sees: all of them with
+        ``shared_history``, else its own and its parents' (the default)."""
+        if self.shared_history:
+            return list(past)
+        parents = set(self.parents(agent, past))
+        return [(a, x) for a, x in past if a == agent or a in parents]
 
     @property
     def max_actions_per_turn(self) -> int:
@@ -227,19 +238,25 @@ class Chain(DAG):
     ``0..i-1``). With ``full=False`` each agent sees only its predecessor.
     """
 
-    def __init__(self, agents: Sequence[str], *, full: bool = True):
+    def __init__(self, agents: Sequence[str], *, full: bool = True, shared_history: bool = False):
         agents = _unique(agents, "agent")
         self.full = full
+        self.shared_history = bool(shared_history)
         super().__init__(
             {a: (list(agents[:i]) if full else list(agents[max(0, i - 1):i])) for i, a in enumerate(agents)}
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"type": "chain", "agents": [...], "full": ...}`` (more compact than the DAG form)."""
-        return {"type": "chain", "agents": list(self.agents), "full": self.full}
+        """``{"type": "chain", "agents": [...], "full": ...}`` (more compact than the DAG form;
+        ``"shared_history": true`` only when set)."""
+        d: dict[str, Any] = {"type": "chain", "agents": list(self.agents), "full": self.full}
+        if self.shared_history:
+            d["shared_history"] = True
+        return d
 
     def __repr__(self) -> str:
-        return f"Chain({list(self.agents)}{'' if self.full else ', full=False'})"
+        return (f"Chain({list(self.agents)}{'' if self.full else ', full=False'}"
+                f"{', shared_history=True' if self.shared_history else ''})")
 
 
 class Independent(DAG):
@@ -623,7 +640,7 @@ def topology_from_dict(d: Mapping[str, Any]) -> Topology:
     kind = str(d.pop("type", "")).lower()
     try:
         if kind == "chain":
-            return Chain(d["agents"], full=d.get("full", True))
+            return Chain(d["agents"], full=d.get("full", True), shared_history=d.get("shared_history", False))
         if kind == "independent":
             return Independent(d["agents"])
         if kind == "dag":
