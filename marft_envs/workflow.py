@@ -727,7 +727,9 @@ async def example_program(team: WorkflowTeam, problem: Problem) -> dict[str, flo
     return {"outcome": float(team.grade(review).correct)}
 
 
-def example_env(**kwargs: Any) -> WorkflowEnv:
-    """``workflow-example-v0``: :func:`example_program` (solver, checker) on arith problems."""
-    kwargs.setdefault("split", "train")
-    return WorkflowEnv("marft_envs.workflow:example_program", ["solver", "checker"], "arith", **kwargs)
+def example_env(problems: Task | str | Sequence[Any] = "arith", **kwargs: Any) -> WorkflowEnv:
+    """``workflow-example-v0``: :func:`example_program` (solver, checker) on arith problems
+    (``split``, ``digits``, ... go to the task; ``problems=`` replaces them)."""
+    if problems == "arith":
+        kwargs.setdefault("split", "train")
+    return WorkflowEnv("marft_envs.workflow:example_program", ["solver", "checker"], problems, **kwargs)

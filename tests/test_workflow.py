@@ -106,7 +106,7 @@ def test_each_call_is_a_step_with_the_exact_messages_and_the_reply_returns_to_th
     assert all(env.terminations.values())
     assert [(c.role, c.response) for c in env.calls] == [("writer", "draft text"), ("critic", "4")]
     # dead steps follow, as in any AEC env: last() returns the team reward
-    for agent in env.agent_iter():
+    for _agent in env.agent_iter():
         _, reward, term, _, _ = env.last()
         assert term and reward == pytest.approx(0.99)
         env.step(None)
