@@ -263,3 +263,39 @@ def test_any_actions_are_handled(seed, episode):
         assert env.observation_space(agent).contains(obs) and np.isfinite(reward)
         env.step(None if term or trunc else next(moves, ""))
     assert not env.agents
+
+
+# ---------------------------------------------------------- the LangGraph-style example
+@pytest.fixture
+def langgraph_example(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "workflow_langgraph"))
+    import team_graph
+
+    return team_graph
+
+
+def test_the_langgraph_example_runs_its_graph_as_an_env(langgraph_example):
+    check_env("team_graph:langgraph-team-v0", n_episodes=2)
+    env = marft_envs.make("team_graph:langgraph-team-v0")
+    env.reset(seed=0)
+    answer = env.problem.answer
+    for text in ["plan: add", "\\boxed{0}", "wrong sign", f"\\boxed{{{answer}}}", "APPROVE"]:
+        env.step(text)
+    info = env.infos["critic"]
+    assert info["call_order"] == ["planner", "solver", "critic", "solver", "critic"]  # the graph's loop, recorded
+    assert info["reward_components"] == {"outcome": 1.0, "revisions": -0.05}
+    assert "Critique of your last answer: wrong sign" in env.calls[3].messages[-1]["content"]
+
+
+def test_the_langgraph_example_stops_revising_after_two_tries(langgraph_example):
+    env = marft_envs.make("team_graph:langgraph-team-v0")
+    env.reset(seed=1)
+    order = []
+    for agent in env.agent_iter(30):
+        _, _, term, trunc, _ = env.last()
+        order.append(agent)
+        env.step(None if term or trunc else "no")
+    assert order[:7] == ["planner", "solver", "critic", "solver", "critic", "solver", "critic"]
+    assert len(order) == 7 + 3  # then the three roles' dead steps
