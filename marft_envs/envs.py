@@ -30,6 +30,15 @@ gsm8k-calc-duo-v0      reasoner -> actor (calculator tool)      GSM8K (train)
 rag-solo-v0            generator (search tool)                  procedural KB (offline)
 rag-quartet-v0         rewriter -> selector -> filter ->        as above; ``dataset=``
                        generator (chain; selector searches)     ``hotpotqa`` / ``nq``
+{arith,gsm8k,math}-    generator -> verifier -> refiner         as the task's other ids
+malt-v0                (MALT; chain, refiner graded)
+{arith,gsm8k,math}-    meta_thinker -> reasoner, 2 turns        as above
+rema-v0                (ReMA; chain with shared history)
+{arith,gsm8k,math}-    planner -> solver / checker -> planner   as above
+planner-v0             ... (multi-hop routing, <= 3 hops)
+workflow-example-v0    solver -> checker (-> solver -> checker) arith (train); a Python
+                       (a program's calls: ``marft_envs.        program run step by step
+                       workflow``)
 =====================  =======================================  =====================
 
 Adding a family: append a block at the end of this module that calls
