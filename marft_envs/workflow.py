@@ -550,6 +550,8 @@ class WorkflowEnv(AECEnv):
             self._finish(None, failed=True)
             return
         self._advance(None)
+        if self.agents and self._step_flags:  # a bad call before the first step is flagged too
+            self.infos[self.agent_selection]["flags"] = list(self._step_flags)
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Draw a problem (``seed``; ``options={"problem_index": k}`` picks one) and run the

@@ -139,6 +139,7 @@ def test_unknown_role_is_raised_inside_the_program_at_its_call():
     env = make(unknown_role)
     env.reset(seed=0)
     assert env.agent_selection == "writer" and env.stats["bad_calls"] == 1
+    assert env.infos["writer"]["flags"] == ["unknown_role"]  # flagged at reset, where it happened
     assert "unknown role 'ghost'; roles are ['writer', 'critic']" in env.messages("writer")[0]["content"]
     env.step("ok")
     assert env.infos["writer"]["team_reward"] == 1.0 and env.infos["writer"]["call_order"] == ["writer"]
