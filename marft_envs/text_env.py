@@ -471,6 +471,10 @@ class TextTeamEnv(AECEnv):
             # Agents act once per turn unless the topology says they may repeat (multi-hop).
             repeats = bool(getattr(self.team.topology, "repeats", False))
             acted = set() if repeats else {a for a, _ in self._executed}
+            limit = getattr(self.team.topology, "max_actions_per_turn", len(self.agents))
+            if repeats and len(self._executed) >= limit:  # a repeating topology must bound its turns
+                raise RuntimeError(f"topology {self.team.topology!r} scheduled action {len(self._executed) + 1} of "
+                                   f"a turn, over its max_actions_per_turn={limit}")
             if nxt not in self.agents or nxt in acted:
                 raise RuntimeError(
                     f"topology {self.team.topology!r} scheduled {nxt!r}, which already acted this turn "

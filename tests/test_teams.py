@@ -108,3 +108,20 @@ def test_planner_observation_space_holds_a_full_turn():
 @pytest.mark.parametrize("env_id", ["arith-malt-v0", "arith-rema-v0", "arith-planner-v0"])
 def test_seed_teams_conform_multi_turn(env_id):
     check_env(env_id, n_episodes=3, seed=2, horizon=3, feedback=True)
+
+
+def test_a_repeating_topology_that_never_ends_its_turn_is_an_error():
+    from marft_envs import MultiHopRouted, Team
+
+    class Endless(MultiHopRouted):
+        def next_agent(self, executed):
+            return self.orchestrator if len(executed) % 2 == 0 else self.specialists[0]
+
+    team = Team.load("planner")
+    team = Team(team.profiles, Endless("planner", ["solver", "checker"], max_hops=1), "endless")
+    env = marft_envs.TextTeamEnv("arith", team)
+    env.reset(seed=0)
+    env.step("x")
+    env.step("x")
+    with pytest.raises(RuntimeError, match="scheduled action 4 of a turn, over its max_actions_per_turn=3"):
+        env.step("x")  # the third action would hand the turn to a fourth
