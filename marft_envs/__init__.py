@@ -28,7 +28,16 @@ from marft_envs.rewards import RewardConfig
 from marft_envs.spaces import UnicodeText
 from marft_envs.tasks.base import DatasetTask, GradeResult, Problem, Task
 from marft_envs.text_env import TextTeamEnv
-from marft_envs.topology import DAG, Chain, Independent, Routed, Topology, TopologyError
+from marft_envs.topology import (
+    DAG,
+    Chain,
+    Independent,
+    MultiHopRouted,
+    Routed,
+    Topology,
+    TopologyError,
+)
+from marft_envs.workflow import WorkflowEnv, WorkflowTeam, make_workflow_env
 
 __version__ = "0.1.0"
 
@@ -41,6 +50,7 @@ __all__ = [
     "Error",
     "GradeResult",
     "Independent",
+    "MultiHopRouted",
     "NameNotFound",
     "Problem",
     "RegistryError",
@@ -53,7 +63,10 @@ __all__ = [
     "TopologyError",
     "UnicodeText",
     "VersionNotFound",
+    "WorkflowEnv",
+    "WorkflowTeam",
     "make",
+    "make_workflow_env",
     "pprint_registry",
     "register",
     "registry",

@@ -30,6 +30,15 @@ gsm8k-calc-duo-v0      reasoner -> actor (calculator tool)      GSM8K (train)
 rag-solo-v0            generator (search tool)                  procedural KB (offline)
 rag-quartet-v0         rewriter -> selector -> filter ->        as above; ``dataset=``
                        generator (chain; selector searches)     ``hotpotqa`` / ``nq``
+{arith,gsm8k,math}-    generator -> verifier -> refiner         as the task's other ids
+malt-v0                (MALT; chain, refiner graded)
+{arith,gsm8k,math}-    meta_thinker -> reasoner, 2 turns        as above
+rema-v0                (ReMA; chain with shared history)
+{arith,gsm8k,math}-    planner -> solver / checker -> planner   as above
+planner-v0             ... (multi-hop routing, <= 3 hops)
+workflow-example-v0    solver -> checker (-> solver -> checker) arith (train); a Python
+                       (a program's calls: ``marft_envs.        program run step by step
+                       workflow``)
 =====================  =======================================  =====================
 
 Adding a family: append a block at the end of this module that calls
@@ -329,3 +338,47 @@ for _team, _what in (("solo", "generator with the search tool"),
         description=f"multi-hop QA over a local corpus (offline KB; hotpotqa, nq); {_what}; reward answer F1",
     )
 __all__ += ["TOOL_ENV_IDS"]
+
+
+# ------------------------------------------------------------ the seeds' teams and workflows
+# MALT (generator -> verifier -> refiner), ReMA (meta-thinker -> reasoner over several turns),
+# a planner routing to specialists over several hops (MultiHopRouted), and the workflow env
+# that runs a user's multi-agent program (marft_envs.workflow).
+#: Ids registered by this block.
+TEAM_ENV_IDS: tuple[str, ...] = tuple(
+    f"{task}-{team}-v0" for team in ("malt", "rema", "planner") for task in ("arith", "gsm8k", "math")
+) + ("workflow-example-v0",)
+_SEED_TEAMS = {
+    "malt": ("generator -> verifier -> refiner (MALT; refiner graded)", {}),
+    "rema": ("meta-thinker -> reasoner, 2 turns (ReMA; reasoner graded)", {"horizon": 2}),
+    "planner": ("planner routes to solver / checker over up to 3 hops, then answers (multi-hop)", {}),
+}
+# The math-like family pages list the new teams next to the old ones.
+_SEED_AGENTS = (
+    "; malt: ``generator``, ``verifier``, ``refiner``; rema: ``meta_thinker``, ``reasoner``; "
+    "planner: ``planner``, ``solver``, ``checker``"
+)
+_SEED_D = (
+    "; malt/rema: ``Chain`` (rema: 2 turns, the meta-thinker guides each turn); planner: "
+    "``MultiHopRouted`` (the planner acts again after each specialist: ``ROUTE: <name>`` or "
+    "``ROUTE: done``, at most 3 hops; the planner is graded)"
+)
+for _task, (_what, _teams, _kwargs) in _TASKS.items():
+    FAMILIES[_task] = (
+        FAMILIES[_task].replace(_MATH_AGENTS, _MATH_AGENTS + _SEED_AGENTS, 1).replace(_MATH_D, _MATH_D + _SEED_D, 1)
+    )
+    for _team, (_how, _extra) in _SEED_TEAMS.items():
+        builtin(
+            f"{_task}-{_team}-v0",
+            _ENTRY,
+            kwargs={"task": _task, "profiles": _team, **_kwargs, **_extra},
+            description=f"{_what}; {_how}",
+        )
+
+builtin(
+    "workflow-example-v0",
+    "marft_envs.workflow:example_env",
+    kwargs={},
+    description="a user's multi-agent program as an env: solver -> checker (-> solver) on arith",
+)
+__all__ += ["TEAM_ENV_IDS"]

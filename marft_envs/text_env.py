@@ -68,14 +68,15 @@ task, the same for every response, and training on it would be silent nonsense.
 ``reward_components``, ``attribution``, ``grade`` (GradeResult fields),
 ``flags`` (this agent's action flags plus the turn's flags), ``action_flags``
 (per agent), ``answer_agent``, ``executed`` (agents in execution order),
-``problem_id``. Between graded turns an agent's info is ``{"turn", "flags"}``.
+``problem_id``, plus the topology's ``turn_info`` (a multi-hop router's ``routes``,
+``hops``, ``route_counts``, ``handoff_loops``). Between graded turns an agent's info is ``{"turn", "flags"}``.
 Wall-clock fields of a grade (``details["seconds"]``) are kept out of infos,
 which must be reproducible; they are in ``env.last_grade_timing`` and the
 longest grading time in ``env.max_grade_seconds``.
 
 Flags: ``none_action``, ``not_a_string``, ``empty_action``, ``action_truncated``,
 ``binary_action``, ``invalid_unicode``, ``route_unparsed``, ``route_by_mention``,
-``no_answer_agent``, ``grade_error`` (the grader failed), ``grade_timeout`` (the
+``no_answer_agent``, ``hop_budget_exhausted``, ``grade_error`` (the grader failed), ``grade_timeout`` (the
 grader ran out of time), plus the grader's own flags from
 ``GradeResult.details["flags"]`` (code tasks: ``no_code``, ``load_error``,
 ``program_timeout``: the program was killed, a wrong answer, not a grader
@@ -287,7 +288,9 @@ class TextTeamEnv(AECEnv):
 
         self.possible_agents = self.team.agents
         n = len(self.possible_agents)
-        max_prompt = 65_536 + self.horizon * n * (self.max_action_chars + 256)
+        # A multi-hop topology may schedule more actions per turn than there are agents.
+        per_turn = max(n, int(getattr(self.team.topology, "max_actions_per_turn", n)))
+        max_prompt = 65_536 + self.horizon * per_turn * (self.max_action_chars + 256)
         max_prompt += self.horizon * self.tool_loop.extra_prompt_chars(self.max_action_chars)
         # One space object per agent, created once: api_test and seeding rely on identity.
         self._observation_spaces = {a: observation_space(max_prompt, self.horizon) for a in self.possible_agents}
@@ -376,6 +379,9 @@ class TextTeamEnv(AECEnv):
 
     # ------------------------------------------------------------------- views
     def _visible(self, agent: str, executed: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        history_fn = getattr(self.team.topology, "visible_history", None)  # e.g. a shared dialogue history
+        if callable(history_fn):
+            return history_fn(agent, executed)
         parents = set(self.team.topology.parents(agent, executed))
         return [(a, x) for a, x in executed if a == agent or a in parents]
 
@@ -394,11 +400,19 @@ class TextTeamEnv(AECEnv):
                 lines.append(self._feedback_lines[t])
             if lines:
                 parts.append(f"Turn {t + 1}:\n" + "\n\n".join(lines))
-        parents = self.team.topology.parents(agent, self._executed)
-        if parents:
+        topology = self.team.topology
+        parents = topology.parents(agent, self._executed)
+        visible_fn = getattr(topology, "visible_actions", None)  # duck-typed topologies: latest per parent
+        if callable(visible_fn):
+            visible = visible_fn(agent, list(self._executed))
+        else:
             acted = dict(self._executed)
-            shown = "\n\n".join(f"[{p}]: {acted[p]}" for p in parents if p in acted)
-            header = "Your teammates' responses" + (" in this turn" if self._history else "")
+            visible = [(p, acted[p]) for p in parents if p in acted]
+        if visible:
+            shown = "\n\n".join(f"[{a}]: {x}" for a, x in visible)
+            own = any(a == agent for a, _ in visible)
+            header = ("The team's exchange so far" if own else "Your teammates' responses") + (
+                " in this turn" if self._history else "")
             parts.append(f"{header}:\n{shown}")
         context_hook = getattr(self.task, "view_context", None)  # optional: e.g. retrieved documents
         if callable(context_hook):
@@ -409,6 +423,10 @@ class TextTeamEnv(AECEnv):
                 extra = None
             if extra:
                 parts.append(str(extra))
+        note_fn = getattr(topology, "view_note", None)  # e.g. the hops left to a multi-hop router
+        note = note_fn(agent, list(self._executed)) if callable(note_fn) else None
+        if note:
+            parts.append(str(note))
         if profile.with_answer and self.task.instructions:
             parts.append(self.task.instructions)
         system = profile.prompt
@@ -450,7 +468,13 @@ class TextTeamEnv(AECEnv):
     def _next_agent(self) -> str:
         nxt = self.team.topology.next_agent(self._executed)
         if nxt is not None:
-            acted = {a for a, _ in self._executed}
+            # Agents act once per turn unless the topology says they may repeat (multi-hop).
+            repeats = bool(getattr(self.team.topology, "repeats", False))
+            acted = set() if repeats else {a for a, _ in self._executed}
+            limit = getattr(self.team.topology, "max_actions_per_turn", len(self.agents))
+            if repeats and len(self._executed) >= limit:  # a repeating topology must bound its turns
+                raise RuntimeError(f"topology {self.team.topology!r} scheduled action {len(self._executed) + 1} of "
+                                   f"a turn, over its max_actions_per_turn={limit}")
             if nxt not in self.agents or nxt in acted:
                 raise RuntimeError(
                     f"topology {self.team.topology!r} scheduled {nxt!r}, which already acted this turn "
@@ -558,7 +582,10 @@ class TextTeamEnv(AECEnv):
         if not math.isfinite(team_reward):
             team_reward = 0.0
         acted = [a for a, _ in executed]
-        attribution = {a: (1.0 / len(acted) if a in acted else 0.0) for a in self.agents}
+        distinct = set(acted)  # an agent that acted twice (multi-hop) still gets one share
+        attribution = {a: (1.0 / len(distinct) if a in distinct else 0.0) for a in self.agents}
+        turn_info_fn = getattr(self.team.topology, "turn_info", None)
+        topology_extras = turn_info_fn(list(executed)) if callable(turn_info_fn) else {}
         grade_info = dataclasses.asdict(grade)
         details = grade_info.get("details") or {}
         timing = {k: v for k, v in details.items() if k in _TIMING_KEYS or str(k).endswith("_seconds")}
@@ -582,6 +609,7 @@ class TextTeamEnv(AECEnv):
                 "answer_agent": answer_agent,
                 "executed": list(acted),
                 "problem_id": self.problem.id if self.problem else None,
+                **copy.deepcopy(topology_extras or {}),
                 **copy.deepcopy(tool_extras),
             }
 

@@ -16,7 +16,10 @@ Static topologies (:class:`Chain`, :class:`DAG`, :class:`Independent`) are DAGs
 and acting order is their topological order (ties broken by declaration
 order). :class:`Independent` has no edges: a plain Dec-POMDP turn order where
 no agent sees another's action. :class:`Routed` is dynamic: the orchestrator's
-text names the specialist that acts next.
+text names the specialist that acts next. :class:`MultiHopRouted` lets control come
+back: after each specialist the orchestrator acts again and routes to another
+specialist or finishes, within a hop budget (agents may then act several times
+in one turn; D changes per hop).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "DAG",
     "Chain",
     "Independent",
+    "MultiHopRouted",
     "Routed",
     "RouteDecision",
     "TopologyError",
@@ -51,6 +55,40 @@ class Topology:
     agents: tuple[str, ...]
     #: True when the acting order does not depend on what agents say.
     is_static: bool = True
+    #: True when an agent may act more than once in a turn (:class:`MultiHopRouted`).
+    repeats: bool = False
+    #: True when every agent sees every action of the earlier turns (not only its own and
+    #: its parents'): a dialogue history, as in ReMA's multi-turn meta-thinker/reasoner.
+    shared_history: bool = False
+
+    def visible_history(self, agent: str, past: Executed) -> list[tuple[str, str]]:
+        """The pairs of an earlier turn ``past`` that ``agent`` sees: all of them with
+        ``shared_history``, else its own and its parents' (the default)."""
+        if self.shared_history:
+            return list(past)
+        parents = set(self.parents(agent, past))
+        return [(a, x) for a, x in past if a == agent or a in parents]
+
+    @property
+    def max_actions_per_turn(self) -> int:
+        """The most actions a turn can have (sizes the observation space)."""
+        return len(self.agents)
+
+    def visible_actions(self, agent: str, executed: Executed) -> list[tuple[str, str]]:
+        """The ``(agent, action)`` pairs of this turn that ``agent`` sees, in the order shown.
+
+        Default: the latest action of each parent, in parent order (what every static
+        topology and :class:`Routed` show)."""
+        acted = dict(executed)
+        return [(p, acted[p]) for p in self.parents(agent, executed) if p in acted]
+
+    def view_note(self, agent: str, executed: Executed) -> str | None:
+        """An extra line for ``agent``'s view (e.g. "the hop budget is spent"); None by default."""
+        return None
+
+    def turn_info(self, executed: Executed) -> dict[str, Any]:
+        """Extra ``info`` keys for a completed turn (routes, hop counts); empty by default."""
+        return {}
 
     def next_agent(self, executed: Executed) -> str | None:
         """Who acts next given this turn's ``(agent, action)`` pairs; None ends the turn."""
@@ -200,19 +238,25 @@ class Chain(DAG):
     ``0..i-1``). With ``full=False`` each agent sees only its predecessor.
     """
 
-    def __init__(self, agents: Sequence[str], *, full: bool = True):
+    def __init__(self, agents: Sequence[str], *, full: bool = True, shared_history: bool = False):
         agents = _unique(agents, "agent")
         self.full = full
+        self.shared_history = bool(shared_history)
         super().__init__(
             {a: (list(agents[:i]) if full else list(agents[max(0, i - 1):i])) for i, a in enumerate(agents)}
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"type": "chain", "agents": [...], "full": ...}`` (more compact than the DAG form)."""
-        return {"type": "chain", "agents": list(self.agents), "full": self.full}
+        """``{"type": "chain", "agents": [...], "full": ...}`` (more compact than the DAG form;
+        ``"shared_history": true`` only when set)."""
+        d: dict[str, Any] = {"type": "chain", "agents": list(self.agents), "full": self.full}
+        if self.shared_history:
+            d["shared_history"] = True
+        return d
 
     def __repr__(self) -> str:
-        return f"Chain({list(self.agents)}{'' if self.full else ', full=False'})"
+        return (f"Chain({list(self.agents)}{'' if self.full else ', full=False'}"
+                f"{', shared_history=True' if self.shared_history else ''})")
 
 
 class Independent(DAG):
@@ -408,13 +452,195 @@ class Routed(Topology):
     __hash__ = None  # type: ignore[assignment]
 
 
+class MultiHopRouted(Topology):
+    """An orchestrator that routes to specialists one hop at a time and gets control back.
+
+    Turn: ``orchestrator`` -> specialist -> ``orchestrator`` -> specialist -> ... ->
+    ``orchestrator``. Each orchestrator reply either routes (``ROUTE: <name>``, read like
+    :class:`Routed` reads it, but only from an explicit route line, never from a mere
+    mention) or finishes: ``ROUTE: done`` (also ``finish``, ``end``, ``none``, ``answer``)
+    or a reply with no route line at all. The orchestrator's last reply is the team's
+    answer, so give it ``with_answer`` in the profile.
+
+    Hop budget: at most ``max_hops`` specialist actions per turn. Once it is spent the
+    orchestrator acts one last time (its view says so) and the turn ends whatever it
+    writes; a route in that reply is flagged ``hop_budget_exhausted``. A route line that
+    names neither a specialist nor a finish word is flagged ``route_unparsed`` and ends
+    the turn too (that reply is graded): an unreadable route is the orchestrator's
+    mistake, never a silent detour. A turn has at most ``2 * max_hops + 1`` actions.
+
+    D per hop: a specialist sees every action of the turn so far (the orchestrator's
+    instructions and earlier specialists' work); the orchestrator sees all of them,
+    its own earlier routes included. ``turn_info`` reports ``routes`` (each
+    orchestrator decision: a specialist or ``"done"``), ``hops``, ``route_counts`` (per
+    specialist) and ``handoff_loops`` (control passed back and forth between the same
+    two agents more than twice in a row).
+    """
+
+    is_static = False
+    repeats = True
+    FINISH_WORDS = ("done", "finish", "finished", "end", "none", "answer", "final", "stop")
+    DONE = "done"
+
+    def __init__(
+        self,
+        orchestrator: str,
+        specialists: Sequence[str],
+        *,
+        max_hops: int = 3,
+        route_pattern: str = Routed.DEFAULT_PATTERN,
+    ):
+        specialists = _unique(specialists, "specialist")
+        if not specialists:
+            raise TopologyError("MultiHopRouted needs at least one specialist")
+        if isinstance(max_hops, bool) or not isinstance(max_hops, int) or max_hops < 1:
+            raise TopologyError(f"max_hops must be an integer >= 1, got {max_hops!r}")
+        self.agents = _unique([orchestrator, *specialists], "agent")
+        self.orchestrator = orchestrator
+        self.specialists = specialists
+        self.max_hops = int(max_hops)
+        self.route_pattern = route_pattern
+        clash = [s for s in specialists if _norm(s) in self.FINISH_WORDS]
+        if clash:
+            raise TopologyError(f"specialist names {clash} are finish words {list(self.FINISH_WORDS)}; rename them")
+        # The one-hop parser, reused for its route-line reading (mentions are ignored here).
+        self._router = Routed(orchestrator, specialists, route_pattern=route_pattern)
+
+    @property
+    def max_actions_per_turn(self) -> int:
+        """``2 * max_hops + 1``: every hop is a specialist plus the orchestrator after it."""
+        return 2 * self.max_hops + 1
+
+    def decide(self, text: str) -> tuple[str, list[str]]:
+        """``(target, flags)`` for an orchestrator reply: a specialist, or ``"done"``.
+
+        Pure and never raises; ``flags`` is ``["route_unparsed"]`` when a route line named
+        neither a specialist nor a finish word."""
+        if not isinstance(text, str):
+            return self.DONE, []
+        tail = text[-20_000:]
+        matches = self._router._route_re.findall(tail)
+        if not matches:
+            return self.DONE, []  # no route line: the reply is the answer
+        raw = matches[-1] if isinstance(matches[-1], str) else matches[-1][0]
+        words = raw.split()
+        if words and _norm(words[0]) in self.FINISH_WORDS:
+            return self.DONE, []
+        target = self._router._resolve(raw)
+        if target is None:
+            return self.DONE, ["route_unparsed"]
+        return target, []
+
+    def _hops(self, executed: Executed) -> int:
+        return sum(1 for a, _ in executed if a != self.orchestrator)
+
+    def next_agent(self, executed: Executed) -> str | None:
+        """Orchestrator first and after every specialist; a specialist when it routes and
+        hops are left; None when it finishes, misroutes or the budget is spent."""
+        if not executed:
+            return self.orchestrator
+        last_agent, last_text = executed[-1]
+        if last_agent != self.orchestrator:
+            return self.orchestrator
+        if self._hops(executed) >= self.max_hops:
+            return None
+        target, _ = self.decide(last_text)
+        return None if target == self.DONE else target
+
+    def step_flags(self, executed: Executed) -> list[str]:
+        """``route_unparsed`` for an unreadable route line; ``hop_budget_exhausted`` for a
+        route written after the budget was spent."""
+        if not executed or executed[-1][0] != self.orchestrator:
+            return []
+        target, flags = self.decide(executed[-1][1])
+        if target != self.DONE and self._hops(executed) >= self.max_hops:
+            return ["hop_budget_exhausted"]
+        return flags
+
+    def parents(self, agent: str, executed: Executed = ()) -> list[str]:
+        """Everyone else (statically); of ``executed``, every other agent that acted, in
+        first-action order."""
+        self._check_agent(agent)
+        if not executed:
+            return [a for a in self.agents if a != agent]
+        return list(dict.fromkeys(a for a, _ in executed if a != agent))
+
+    def dependency(self, a_i: str, a_j: str) -> bool:
+        """Any agent may see any other's action (which ones depends on the hop)."""
+        self._check_agent(a_i)
+        self._check_agent(a_j)
+        return a_i != a_j
+
+    def visible_actions(self, agent: str, executed: Executed) -> list[tuple[str, str]]:
+        """The whole turn so far, in order (the agent's own earlier actions included)."""
+        self._check_agent(agent)
+        return [(a, x) for a, x in executed]
+
+    def view_note(self, agent: str, executed: Executed) -> str | None:
+        """The orchestrator's view says how many hops are left (and when none are)."""
+        if agent != self.orchestrator:
+            return None
+        left = self.max_hops - self._hops(executed)
+        if left <= 0:
+            return "No routing hops are left: give the final answer now."
+        return f"Routing hops left: {left}."
+
+    def turn_info(self, executed: Executed) -> dict[str, Any]:
+        """``routes``, ``hops``, ``route_counts`` and ``handoff_loops`` of a turn."""
+        routes: list[str] = []
+        for k, (a, _) in enumerate(executed):
+            if a == self.orchestrator and k + 1 < len(executed):
+                routes.append(executed[k + 1][0])
+            elif a == self.orchestrator:
+                routes.append(self.DONE)
+        counts = dict.fromkeys(self.specialists, 0)
+        for a, _ in executed:
+            if a in counts:
+                counts[a] += 1
+        loops, run, prev_pair = 0, 0, None
+        actors = [a for a, _ in executed]
+        for k in range(1, len(actors)):
+            if actors[k] == actors[k - 1]:
+                continue
+            pair = frozenset(actors[k - 1 : k + 1])
+            run = run + 1 if pair == prev_pair else 1
+            prev_pair = pair
+            if run > 2:
+                loops += 1
+        return {"routes": routes, "hops": self._hops(executed), "route_counts": counts, "handoff_loops": loops}
+
+    def topological_order(self) -> list[str]:
+        """Declaration order (D is cyclic over a turn: it changes per hop)."""
+        return list(self.agents)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"type": "multihop", ...}`` (``route_pattern`` only when not the default)."""
+        d: dict[str, Any] = {
+            "type": "multihop",
+            "orchestrator": self.orchestrator,
+            "specialists": list(self.specialists),
+            "max_hops": self.max_hops,
+        }
+        if self.route_pattern != Routed.DEFAULT_PATTERN:
+            d["route_pattern"] = self.route_pattern
+        return d
+
+    def __repr__(self) -> str:
+        return f"MultiHopRouted({self.orchestrator!r}, {list(self.specialists)}, max_hops={self.max_hops})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MultiHopRouted) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def topology_from_dict(d: Mapping[str, Any]) -> Topology:
     """Inverse of ``Topology.to_dict()`` (the JSON form used in profile files)."""
     d = dict(d)
     kind = str(d.pop("type", "")).lower()
     try:
         if kind == "chain":
-            return Chain(d["agents"], full=d.get("full", True))
+            return Chain(d["agents"], full=d.get("full", True), shared_history=d.get("shared_history", False))
         if kind == "independent":
             return Independent(d["agents"])
         if kind == "dag":
@@ -427,6 +653,13 @@ def topology_from_dict(d: Mapping[str, Any]) -> Topology:
                 route_pattern=d.get("route_pattern", Routed.DEFAULT_PATTERN),
                 default=d.get("default"),
             )
+        if kind == "multihop":
+            return MultiHopRouted(
+                d["orchestrator"],
+                d["specialists"],
+                max_hops=d.get("max_hops", 3),
+                route_pattern=d.get("route_pattern", Routed.DEFAULT_PATTERN),
+            )
     except KeyError as e:
         raise TopologyError(f"topology of type {kind!r} is missing the field {e}") from None
-    raise TopologyError(f"unknown topology type {kind!r}; expected chain, dag, independent or routed")
+    raise TopologyError(f"unknown topology type {kind!r}; expected chain, dag, independent, routed or multihop")

@@ -25,7 +25,7 @@ def test_registered_env_conforms(env_id, monkeypatch, request):
 
 
 @pytest.mark.parametrize("kwargs", [{"horizon": 3}, {"horizon": 2, "feedback": True, "max_action_chars": 64}])
-@pytest.mark.parametrize("env_id", ["arith-duo-v0", "arith-routed-v0", "arith-trio-v0", "echo-duo-v0"])
+@pytest.mark.parametrize("env_id", ["arith-duo-v0", "arith-routed-v0", "arith-trio-v0", "echo-duo-v0", "arith-planner-v0"])
 def test_multi_turn_variants_conform(env_id, kwargs):
     check_env(env_id, n_episodes=4, seed=1, **kwargs)
 

@@ -13,7 +13,8 @@ import marft_envs
 from marft_envs import UnicodeText
 from marft_envs.spaces import observation_space
 
-ENV_IDS = ["arith-duo-v0", "arith-routed-v0", "arith-trio-v0", "echo-duo-v0"]
+ENV_IDS = ["arith-duo-v0", "arith-routed-v0", "arith-trio-v0", "echo-duo-v0",
+           "arith-malt-v0", "arith-rema-v0", "arith-planner-v0"]  # the workflow env: tests/test_workflow.py
 _ENVS = {env_id: marft_envs.make(env_id, horizon=2, feedback=True, max_action_chars=2048) for env_id in ENV_IDS}
 
 latex = st.sampled_from(

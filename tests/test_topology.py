@@ -7,7 +7,16 @@ import pickle
 
 import pytest
 
-from marft_envs import DAG, AgentProfile, Chain, Independent, Routed, Team, TopologyError
+from marft_envs import (
+    DAG,
+    AgentProfile,
+    Chain,
+    Independent,
+    MultiHopRouted,
+    Routed,
+    Team,
+    TopologyError,
+)
 from marft_envs.profiles import builtin_teams
 from marft_envs.topology import topology_from_dict
 
@@ -268,3 +277,103 @@ def test_profile_file_that_is_not_json_names_file_and_line(tmp_path):
     path.write_bytes(b'[{"role": "a", "prompt": "caf\xe9"}]')
     with pytest.raises(ValueError, match=rf"{path}: not UTF-8"):
         Team.load(str(path))
+
+
+# ------------------------------------------------------------ multi-hop routing
+HOPS = MultiHopRouted("planner", ["solver", "checker"], max_hops=3)
+
+
+def run_hops(topology, replies):
+    """Drive next_agent with the orchestrator's replies in order (specialists say "work")."""
+    replies, executed = iter(replies), []
+    while (agent := topology.next_agent(executed)) is not None:
+        executed.append((agent, next(replies) if agent == topology.orchestrator else f"{agent} work"))
+        assert len(executed) <= topology.max_actions_per_turn
+    return executed
+
+
+@pytest.mark.parametrize(
+    "text, target, flags",
+    [
+        ("ROUTE: solver", "solver", []),
+        ("**Route to:** Checker.", "checker", []),
+        ("ROUTE: checker\nthen ROUTE: solver", "solver", []),  # the last route line wins
+        ("ROUTE: done \\boxed{4}", "done", []),
+        ("The answer is \\boxed{4}", "done", []),  # no route line: the reply is the answer
+        ("the solver says 4", "done", []),  # a mention never routes here
+        ("ROUTE: chemistry", "done", ["route_unparsed"]),
+        ("", "done", []),
+    ],
+)
+def test_multihop_decisions(text, target, flags):
+    assert HOPS.decide(text) == (target, flags)
+
+
+def test_multihop_control_returns_to_the_orchestrator_until_it_finishes():
+    executed = run_hops(HOPS, ["ROUTE: solver", "ROUTE: checker", "ROUTE: done \\boxed{1}"])
+    assert [a for a, _ in executed] == ["planner", "solver", "planner", "checker", "planner"]
+    info = HOPS.turn_info(executed)
+    assert info == {"routes": ["solver", "checker", "done"], "hops": 2,
+                    "route_counts": {"solver": 1, "checker": 1}, "handoff_loops": 0}
+    # D per hop: the checker sees everything before it, the planner sees the whole turn
+    assert HOPS.parents("checker", executed[:3]) == ["planner", "solver"]
+    assert HOPS.visible_actions("planner", executed[:4]) == executed[:4]
+    assert HOPS.view_note("planner", executed[:4]) == "Routing hops left: 1."
+    assert HOPS.view_note("solver", executed[:1]) is None
+
+
+def test_multihop_budget_ends_the_turn_and_flags_a_late_route():
+    executed = run_hops(HOPS, ["ROUTE: solver"] * 4)
+    assert [a for a, _ in executed] == ["planner", "solver"] * 3 + ["planner"]
+    assert len(executed) == HOPS.max_actions_per_turn == 7
+    assert HOPS.step_flags(executed) == ["hop_budget_exhausted"]
+    assert HOPS.view_note("planner", executed[:6]).startswith("No routing hops are left")
+    info = HOPS.turn_info(executed)
+    # planner<->solver passed back and forth 6 times: hand-offs 3..6 are loops
+    assert info["routes"] == ["solver", "solver", "solver", "done"] and info["handoff_loops"] == 4
+    assert info["route_counts"] == {"solver": 3, "checker": 0}
+
+
+def test_multihop_unparsed_route_ends_the_turn_flagged():
+    executed = run_hops(HOPS, ["ROUTE: solver", "ROUTE: physics"])
+    assert [a for a, _ in executed] == ["planner", "solver", "planner"]
+    assert HOPS.step_flags(executed) == ["route_unparsed"]
+    assert HOPS.step_flags(executed[:2]) == []  # a specialist's action raises no route flag
+
+
+def test_multihop_validation_and_round_trip():
+    with pytest.raises(TopologyError, match="max_hops"):
+        MultiHopRouted("o", ["a"], max_hops=0)
+    with pytest.raises(TopologyError, match="finish words"):
+        MultiHopRouted("o", ["done"])
+    with pytest.raises(TopologyError, match="at least one specialist"):
+        MultiHopRouted("o", [])
+    d = HOPS.to_dict()
+    assert d == {"type": "multihop", "orchestrator": "planner", "specialists": ["solver", "checker"], "max_hops": 3}
+    assert topology_from_dict(json.loads(json.dumps(d))) == HOPS
+    assert pickle.loads(pickle.dumps(HOPS)) == HOPS
+    assert HOPS.repeats and not HOPS.is_static
+    assert HOPS.graph() == {"planner": ["solver", "checker"], "solver": ["planner", "checker"],
+                           "checker": ["planner", "solver"]}
+    # the one-hop topologies keep their defaults
+    assert not ROUTED.repeats and ROUTED.max_actions_per_turn == len(ROUTED.agents)
+    assert ROUTED.turn_info([("orchestrator", "ROUTE: algebra")]) == {}
+
+
+def test_seed_team_profiles():
+    malt, rema, planner = Team.load("malt"), Team.load("rema"), Team.load("planner")
+    assert malt.topology == Chain(["generator", "verifier", "refiner"]) and malt.answer_agents == ["refiner"]
+    assert rema.topology == Chain(["meta_thinker", "reasoner"], shared_history=True) and rema.answer_agents == ["reasoner"]
+    assert isinstance(planner.topology, MultiHopRouted) and planner.answer_agents == ["planner"]
+    for team in (malt, rema, planner):
+        for p in team.profiles.values():
+            assert ("\\boxed{}" in p.prompt) == (p.with_answer or p.role in ("generator", "solver"))
+
+
+def test_shared_history_chain_round_trips_and_shows_earlier_turns():
+    chain = Chain(["m", "r"], shared_history=True)
+    assert topology_from_dict(chain.to_dict()) == chain != Chain(["m", "r"])
+    past = [("m", "plan"), ("r", "answer")]
+    assert chain.visible_history("m", past) == past
+    assert Chain(["m", "r"]).visible_history("m", past) == [("m", "plan")]  # default: own + parents
+    assert Chain(["m", "r"]).to_dict() == {"type": "chain", "agents": ["m", "r"], "full": True}
