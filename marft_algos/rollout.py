@@ -122,8 +122,10 @@ class Episode:
         return [t for t in self.transitions if t.agent == agent]
 
     def agent_return(self, agent: str) -> float:
-        """The sum of ``agent``'s own rewards in this episode."""
-        return float(sum(t.reward for t in self.transitions if t.agent == agent))
+        """The sum of the rewards credited to ``agent`` in this episode (PettingZoo's
+        cumulative rewards: a team reward given to all agents counts for each of them,
+        not only for the agent whose step produced it)."""
+        return float(sum(t.credited_reward for t in self.transitions if t.agent == agent))
 
     @property
     def num_tokens(self) -> int:

@@ -136,7 +136,9 @@ class IPPOTrainer(Trainer):
         trs = batch.transitions  # execution order, episodes contiguous
         if not trs:
             return
-        rewards = [t.team_reward if c.reward_source == "team" else t.reward for t in trs]
+        # own rewards: those credited to the action (t.reward, read right after the agent's own
+        # step, is 0 for every agent but the one that closes the turn)
+        rewards = [t.team_reward if c.reward_source == "team" else t.credited_reward for t in trs]
         adv, ret = per_agent_gae(
             rewards,
             [t.value for t in trs],
