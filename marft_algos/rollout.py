@@ -504,20 +504,6 @@ class RolloutCollector:
             return agent
         return None
 
-    def _step(
-        self,
-        env: Any,
-        ep: Episode,
-        agent: str,
-        prompt_ids: list[int],
-        result: Any,
-        counters: dict[str, float],
-        temperature: float = 1.0,
-    ) -> None:
-        """Step ``env`` with ``result`` (None: the prompt did not fit) and record it."""
-        outcome = _env_step(env, agent, _action_text(result))
-        self._record(ep, agent, prompt_ids, result, outcome, counters, temperature=temperature)
-
     def _record(
         self,
         ep: Episode,

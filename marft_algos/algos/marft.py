@@ -270,11 +270,18 @@ class MARFTTrainerBase(Trainer):
             state["recovery"] = recovery.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.critic.load_state_dict(state["critic"])
-        self.lr_scale = float(state.get("lr_scale", 1.0))
+    def load_state_dict(self, state: dict[str, Any], parts: typing.Collection[str] | None = None) -> None:
+        """Restore :meth:`state_dict`, or its ``parts``: the critic with the ``weights``, the
+        rollback lr scale with the ``schedulers`` (it is in their states), the collapse
+        detector with the ``progress``."""
+        from marft_algos.checkpoint import check_parts
+
+        chosen = check_parts(parts)
+        if "weights" in chosen:
+            self.critic.load_state_dict(state["critic"])
+        if "schedulers" in chosen:
+            self.lr_scale = float(state.get("lr_scale", 1.0))
         recovery = getattr(self, "recovery", None)
-        if recovery is not None and "recovery" in state:
+        if "progress" in chosen and recovery is not None and "recovery" in state:
             recovery.load_state_dict(state["recovery"])
-        super().load_state_dict(state)
+        super().load_state_dict(state, chosen)
