@@ -17,7 +17,7 @@ from marft_algos.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from marft_algos.config import ConfigError, GRPOConfig, IPPOConfig, TrainConfig
+from marft_algos.config import ConfigError, TrainConfig
 from marft_algos.logging import MetricsLogger
 from marft_algos.registry import (
     ALGORITHMS,
@@ -65,6 +65,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "GRPOConfig": "marft_algos.algos.grpo",
+    "IPPOConfig": "marft_algos.algos.ippo",
     "GRPOTrainer": "marft_algos.algos.grpo",
     "IPPOTrainer": "marft_algos.algos.ippo",
     "MARFTConfig": "marft_algos.algos.marft",

@@ -15,6 +15,11 @@ the manifest is written, then the dir is renamed into place and only then the
 ``latest`` pointer is replaced (``os.replace`` of a fsynced temp file). A crash at any
 point leaves either the previous checkpoint as ``latest`` or the new one complete;
 a dir without a valid manifest is never loaded.
+
+Loading in parts: :func:`load_checkpoint` restores any subset of :data:`CHECKPOINT_PARTS`
+(``parts=("weights", "optimizers", "schedulers")`` is what collapse recovery rolls back;
+the default, everything, resumes a run exactly). A part left out is left as it is, the
+global RNG streams included: loading consumes no randomness.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "CHECKPOINT_PARTS",
     "CheckpointError",
     "save_checkpoint",
     "load_checkpoint",
@@ -38,6 +44,13 @@ __all__ = [
     "read_checkpoint_config",
     "list_checkpoints",
 ]
+
+#: what a checkpoint holds, in parts that load independently:
+#: weights (policy adapters or full weights, critic / value heads), optimizers (their states,
+#: step counts, the fp16 loss scaler), schedulers (their states, the rollback lr scale), rng
+#: (global RNG states, the minibatch-order generator), data (the problem stream of the
+#: collector), progress (step counter, counters, metrics history, collapse detector)
+CHECKPOINT_PARTS = ("weights", "optimizers", "schedulers", "rng", "data", "progress")
 
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"
@@ -200,16 +213,41 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
     return json.loads((find_checkpoint(path) / "config.json").read_text())
 
 
-def load_checkpoint(trainer: Any, path: str | Path) -> Path:
-    """Restore ``trainer`` (policy weights, then optimizers/schedulers/RNG/counters)."""
+def check_parts(parts: Any) -> frozenset[str]:
+    """``parts`` (None = all) as a set, checked against :data:`CHECKPOINT_PARTS`."""
+    if parts is None:
+        return frozenset(CHECKPOINT_PARTS)
+    chosen = frozenset([parts] if isinstance(parts, str) else parts)
+    unknown = sorted(chosen - set(CHECKPOINT_PARTS))
+    if unknown:
+        raise ValueError(f"unknown checkpoint parts {unknown}; choose from {list(CHECKPOINT_PARTS)}")
+    return chosen
+
+
+def load_checkpoint(trainer: Any, path: str | Path, *, parts: Any = None) -> Path:
+    """Restore ``trainer`` from the checkpoint ``path`` resolves to; returns its dir.
+
+    ``parts``: a subset of :data:`CHECKPOINT_PARTS` (default: all, an exact resume). The
+    optimizers are rebuilt when the weights are loaded (the policy may re-create its
+    parameters); without the ``optimizers`` part they then start fresh. The metrics log
+    is cut back to the checkpoint's step only when ``progress`` is loaded.
+    """
+    from marft_algos.seeding import rng_state, set_rng_state
+
+    chosen = check_parts(parts)
     ckpt = find_checkpoint(path)
-    trainer.policy.load(ckpt / "policy")
-    # Rebuild optimizers on the (possibly re-created) parameters, then load their states.
-    trainer.optimizers = trainer.build_optimizers()
-    trainer.schedulers = trainer.build_schedulers()
+    outside = None if "rng" in chosen else rng_state()  # loading must not move the caller's RNG
+    if "weights" in chosen:
+        trainer.policy.load(ckpt / "policy")
+    if chosen & {"weights", "optimizers", "schedulers"}:
+        # Rebuild optimizers on the (possibly re-created) parameters, then load their states.
+        trainer.optimizers = trainer.build_optimizers()
+        trainer.schedulers = trainer.build_schedulers()
     state = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
-    trainer.load_state_dict(state)
+    trainer.load_state_dict(state, parts=chosen)
+    if outside is not None:
+        set_rng_state(outside)
     logger = getattr(trainer, "logger", None)
-    if logger is not None and hasattr(logger, "truncate_after"):
+    if "progress" in chosen and logger is not None and hasattr(logger, "truncate_after"):
         logger.truncate_after(trainer.global_step)
     return ckpt

@@ -45,12 +45,15 @@ from typing import Any
 
 import torch
 
+from marft_algos.checkpoint import load_checkpoint, save_checkpoint
 from marft_algos.config import RecoveryConfig
-from marft_algos.seeding import rng_state, set_rng_state
 
 __all__ = ["RecoveryConfig", "RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
 
 log = logging.getLogger("marft")
+
+#: what a rollback restores from the last good checkpoint (the rest of the run goes on)
+ROLLBACK_PARTS = ("weights", "optimizers", "schedulers")
 
 
 class CollapseError(RuntimeError):
@@ -193,8 +196,6 @@ class CollapseRecovery:
 
     # ---- checkpoints ------------------------------------------------------------------
     def _save(self) -> tuple[Path, dict[str, Any]]:
-        from marft_algos.checkpoint import save_checkpoint
-
         path = save_checkpoint(self.trainer, self.root, keep=0)  # we prune ourselves
         return path, {"detector": self.detector.state_dict(), "lr_scale": float(getattr(self.trainer, "lr_scale", 1.0))}
 
@@ -242,37 +243,16 @@ class CollapseRecovery:
 
     def rollback(self, reasons: list[str], metrics: dict[str, float] | None = None) -> None:
         """Restore the last good checkpoint, scale every learning rate by ``lr_factor``."""
-        from marft_algos.checkpoint import load_checkpoint
-
         t = self.trainer
         assert self.good is not None
         path, saved = self.good
-        # keep what must survive the rollback: the run goes on (new problems, same step count)
-        keep = {
-            "global_step": t.global_step,
-            "counters": dict(t.counters),
-            "history": list(t.history),
-            "collector": t.collector.state_dict(),
-            "np_rng": t.np_rng.bit_generator.state,
-            "rng": rng_state(),
-        }
         lr_scale = getattr(t, "lr_scale", 1.0) * self.s.lr_factor
-        rollbacks, last_nonfinite = list(self.rollbacks), self.detector.last_nonfinite
-        logger, t.logger = t.logger, None  # load_checkpoint would truncate the metrics log
-        try:
-            load_checkpoint(t, path)  # (also loads this object's state as it was saved)
-        finally:
-            t.logger = logger
-        self.rollbacks = rollbacks
-        t.global_step = keep["global_step"]
-        t.counters.clear()
-        t.counters.update(keep["counters"])
-        t.history = keep["history"]
-        t.collector.load_state_dict(keep["collector"])
-        t.np_rng.bit_generator.state = keep["np_rng"]
-        set_rng_state(keep["rng"])
-        self.detector.load_state_dict(saved["detector"])
-        self.detector.last_nonfinite = last_nonfinite  # the skip counter is kept, not rolled back
+        # Only the model and its optimisation state go back: the step counter, counters,
+        # metrics history, problem stream and RNG streams run on (new problems, the collapse
+        # stays visible in the log), and the rollbacks so far still count.
+        load_checkpoint(t, path, parts=ROLLBACK_PARTS)
+        # the detector's baselines as they were at that checkpoint; the skip counter is kept
+        self.detector.load_state_dict({**saved["detector"], "last_nonfinite": self.detector.last_nonfinite})
         # lower every learning rate: the restored states carry the scale in force when they
         # were saved; bring them to the new cumulative scale (schedulers scale from base_lrs)
         factor = lr_scale / saved["lr_scale"]

@@ -122,8 +122,10 @@ class Episode:
         return [t for t in self.transitions if t.agent == agent]
 
     def agent_return(self, agent: str) -> float:
-        """The sum of ``agent``'s own rewards in this episode."""
-        return float(sum(t.reward for t in self.transitions if t.agent == agent))
+        """The sum of the rewards credited to ``agent`` in this episode (PettingZoo's
+        cumulative rewards: a team reward given to all agents counts for each of them,
+        not only for the agent whose step produced it)."""
+        return float(sum(t.credited_reward for t in self.transitions if t.agent == agent))
 
     @property
     def num_tokens(self) -> int:
@@ -501,20 +503,6 @@ class RolloutCollector:
                 continue
             return agent
         return None
-
-    def _step(
-        self,
-        env: Any,
-        ep: Episode,
-        agent: str,
-        prompt_ids: list[int],
-        result: Any,
-        counters: dict[str, float],
-        temperature: float = 1.0,
-    ) -> None:
-        """Step ``env`` with ``result`` (None: the prompt did not fit) and record it."""
-        outcome = _env_step(env, agent, _action_text(result))
-        self._record(ep, agent, prompt_ids, result, outcome, counters, temperature=temperature)
 
     def _record(
         self,

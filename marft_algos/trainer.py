@@ -37,7 +37,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -636,23 +636,32 @@ class Trainer(ABC):
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (policy weights are loaded separately, by ``policy.load``)."""
-        self.global_step = int(state["global_step"])
-        self.optimizer_steps = defaultdict(int, state.get("optimizer_steps", {}))
-        self.counters = defaultdict(float, state.get("counters", {}))
-        for k, s in state["optimizers"].items():
-            if k in self.optimizers and "alias_of" not in s:
-                self.optimizers[k].load_state_dict(s)
-        for k, s in state["schedulers"].items():
-            if k in self.schedulers:
-                self.schedulers[k].load_state_dict(s)
-        self.np_rng.bit_generator.state = state["np_rng"]
-        self.collector.load_state_dict(state["collector"])
-        self.history = list(state.get("history", []))
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
+    def load_state_dict(self, state: dict[str, Any], parts: Collection[str] | None = None) -> None:
+        """Restore :meth:`state_dict`, or only the named :data:`~marft_algos.checkpoint.CHECKPOINT_PARTS`
+        (policy weights are loaded separately, by ``policy.load``)."""
+        from marft_algos.checkpoint import check_parts
+
+        chosen = check_parts(parts)
+        if "progress" in chosen:
+            self.global_step = int(state["global_step"])
+            self.counters = defaultdict(float, state.get("counters", {}))
+            self.history = list(state.get("history", []))
+        if "optimizers" in chosen:
+            self.optimizer_steps = defaultdict(int, state.get("optimizer_steps", {}))
+            for k, s in state["optimizers"].items():
+                if k in self.optimizers and "alias_of" not in s:
+                    self.optimizers[k].load_state_dict(s)
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+        if "schedulers" in chosen:
+            for k, s in state["schedulers"].items():
+                if k in self.schedulers:
+                    self.schedulers[k].load_state_dict(s)
+        if "data" in chosen:
+            self.collector.load_state_dict(state["collector"])
+        if "rng" in chosen:
+            self.np_rng.bit_generator.state = state["np_rng"]
+            set_rng_state(state["rng"])
 
     def save_checkpoint(self, root: str | Path | None = None) -> Path:
         """Atomic checkpoint under ``<out_dir>/checkpoints`` (see :mod:`marft_algos.checkpoint`)."""
@@ -661,11 +670,12 @@ class Trainer(ABC):
         root = Path(root) if root is not None else Path(self.config.out_dir or ".") / "checkpoints"
         return save_checkpoint(self, root, keep=self.config.keep_checkpoints)
 
-    def load_checkpoint(self, path: str | Path) -> Path:
-        """Restore from a checkpoint dir, a ``checkpoints`` root, or a run dir (newest complete one)."""
+    def load_checkpoint(self, path: str | Path, parts: Collection[str] | None = None) -> Path:
+        """Restore from a checkpoint dir, a ``checkpoints`` root, or a run dir (newest complete one);
+        ``parts``: only these :data:`~marft_algos.checkpoint.CHECKPOINT_PARTS` (default all)."""
         from marft_algos.checkpoint import load_checkpoint
 
-        return load_checkpoint(self, path)
+        return load_checkpoint(self, path, parts=parts)
 
 
 def _as_metrics(info: Any) -> dict[str, float]:

@@ -45,3 +45,24 @@ def test_only_the_scheduled_adapter_moves(algo):
         assert m[f"agent/{agent}/policy_updated"] == 1.0 and m[f"agent/{other}/policy_updated"] == 0.0
         # the critic trained on BOTH agents' data
         assert f"agent/{other}/value_loss" in m
+
+
+def test_routed_team_schedules_among_the_agents_that_acted():
+    # arith-routed-v0: the orchestrator routes each problem to ONE of three specialists, so a
+    # batch holds only some of the four agents. The schedule cycles over those present:
+    # an update whose scheduled agent sat out would otherwise train no policy at all.
+    agents = ["orchestrator", "algebra", "number_theory", "geometry"]
+    cfg = MARFTActionConfig(**echo_kwargs(
+        env_id="arith-routed-v0", env_kwargs={}, num_envs=2, agent_by_agent=True,
+        sampling_overrides={a: {"max_new_tokens": 2} for a in agents},
+    ))
+    t = MARFTActionTrainer(cfg)
+    assert t.agents == agents
+    for step in range(4):
+        m = t.train_step()
+        present = [a for a in agents if t.last_batch.agent_transitions(a)]
+        assert len(present) < len(agents), "the test needs a batch that misses some agent"
+        updated = [a for a in agents if m[f"agent/{a}/policy_updated"] == 1.0]
+        assert updated == [present[step % len(present)]], (step, present, updated)
+    assert t.scheduled_agents(2, present=["algebra", "orchestrator"]) == ["orchestrator"]  # team order
+    assert t.scheduled_agents(2) == ["number_theory"]  # without a batch: all agents

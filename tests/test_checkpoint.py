@@ -137,3 +137,34 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         find_checkpoint(tmp_path)
+
+
+def test_load_in_parts_restores_only_what_is_asked(tmp_path):
+    from marft_algos.checkpoint import CHECKPOINT_PARTS
+    from marft_algos.seeding import rng_state
+
+    src = IPPOTrainer(ippo_cfg(tmp_path / "src", steps=2), policy=letter_policy())
+    src.train()
+    saved = src.state_dict()
+    heads = {a: [p.detach().clone() for p in src.value_parameters(a)] for a in src.agents}
+    weights = [p.detach().clone() for a in src.agents for p in src.policy.trainable_parameters(a)]
+
+    dst = IPPOTrainer(ippo_cfg(tmp_path / "dst", steps=2, seed=4), policy=letter_policy(seed=1))
+    collector_before = dst.collector.state_dict()
+    torch_before = rng_state()["torch"]
+    dst.load_checkpoint(tmp_path / "src", parts=("weights",))
+    # the weights (policy and value heads) came over ...
+    now = [p.detach() for a in dst.agents for p in dst.policy.trainable_parameters(a)]
+    assert all(torch.equal(a, b) for a, b in zip(weights, now, strict=True))
+    assert all(torch.equal(x, y) for a in dst.agents for x, y in zip(heads[a], dst.value_parameters(a), strict=True))
+    # ... and nothing else: fresh optimizers, own step count, problem stream and RNG streams
+    assert dst.global_step == 0 and not dst.optimizers["speaker"].state
+    assert dst.collector.state_dict() == collector_before
+    assert torch.equal(rng_state()["torch"], torch_before)
+    dst.load_checkpoint(tmp_path / "src", parts=("data", "progress"))
+    assert dst.global_step == 2 and dst.collector.state_dict() == saved["collector"] and not dst.optimizers["speaker"].state
+    dst.load_checkpoint(tmp_path / "src", parts=("optimizers", "schedulers"))
+    assert dst.optimizers["speaker"].state and dst.schedulers["speaker"].state_dict() == saved["schedulers"]["speaker"]
+    with pytest.raises(ValueError, match="unknown checkpoint parts"):
+        dst.load_checkpoint(tmp_path / "src", parts=("weights", "optimiser"))
+    assert set(CHECKPOINT_PARTS) == {"weights", "optimizers", "schedulers", "rng", "data", "progress"}

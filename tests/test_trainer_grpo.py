@@ -63,7 +63,7 @@ def test_agentwise_normalization_uses_agent_statistics(trainer):
     batch = batch_from_returns([[1.0, 0.0, 1.0, 0.0]])
     for ep in batch.episodes:
         sp, li = ep.transitions
-        sp.reward, li.reward = 10.0 * ep.team_return, ep.team_return + 0.5 * (ep.episode_id % 2 == 0)
+        sp.credited_reward, li.credited_reward = 10.0 * ep.team_return, ep.team_return + 0.5 * (ep.episode_id % 2 == 0)
     trainer.config.reward_source, trainer.config.normalize_advantages = "agent", "agent"
     try:
         trainer.compute_advantages(batch)
@@ -72,6 +72,36 @@ def test_agentwise_normalization_uses_agent_statistics(trainer):
     for agent in ("speaker", "listener"):
         adv = np.array([t.advantage for t in batch.transitions if t.agent == agent])
         assert abs(adv.mean()) < 1e-6 and np.std(adv, ddof=1) == pytest.approx(1.0, rel=1e-4)
+
+
+def duo_episode(eid: int, group: int, team_r: float) -> Episode:
+    """A graded duo turn as the collector records it: the team reward is set for both agents
+    at the actor's step, so ``reward`` (read right after each agent's own step) is 0 for the
+    reasoner, while ``credited_reward`` (PettingZoo's cumulative rewards up to its next
+    action) credits it to both agents' last actions."""
+    ep = Episode(episode_id=eid, group_id=group, seed=group, team_return=team_r)
+    ep.transitions = [
+        Transition(eid, group, 0, 0, "speaker", [1], [2], [-1.0], reward=0.0, credited_reward=team_r, team_reward=team_r),
+        Transition(eid, group, 1, 0, "listener", [1], [2], [-1.0], reward=team_r, credited_reward=team_r, team_reward=team_r),
+    ]
+    return ep
+
+
+def test_own_rewards_credit_every_agent_not_only_the_last(trainer):
+    # reward_source="agent" with a shared team reward: each agent's own return is the team
+    # return, so both agents' advantages equal the team-reward ones (before, the speaker's
+    # own return was 0 in every episode and it got negative advantages when the team won)
+    batch = RolloutBatch(episodes=[duo_episode(0, 0, 1.0), duo_episode(1, 0, 0.0), duo_episode(2, 0, 1.0), duo_episode(3, 0, 0.0)])
+    trainer.config.reward_source = "agent"
+    try:
+        trainer.compute_advantages(batch)
+    finally:
+        trainer.config.reward_source = "team"
+    for ep in batch.episodes:
+        sp, li = ep.transitions
+        assert sp.returns == li.returns == ep.team_return
+        assert sp.advantage == pytest.approx(li.advantage) and np.sign(sp.advantage) == (1 if ep.team_return else -1)
+    assert batch.episodes[0].agent_return("speaker") == 1.0
 
 
 def test_dynamic_sampling_drops_all_equal_groups(monkeypatch):
@@ -100,7 +130,7 @@ def test_dynamic_sampling_judges_groups_by_the_rewards_the_advantages_use(monkey
     t = make(num_envs=4, group_size=2, dynamic_sampling=True, max_resample_tries=1, reward_source="agent")
     first = batch_from_returns([[0.0, 0.0], [1.0, 0.0]])
     # group 0: equal team returns, but the speaker's own rewards differ: signal, kept
-    first.episodes[0].transitions[0].reward = 1.0
+    first.episodes[0].transitions[0].credited_reward = 1.0
     # group 1: team returns differ, but every agent's own rewards are equal (all 0): dropped
     rounds = iter([first, batch_from_returns([[0.0, 0.0]])])
 

@@ -54,6 +54,27 @@ def make_batch(chains: dict[str, list[list[tuple[float, float]]]]) -> RolloutBat
     return RolloutBatch(episodes=episodes)
 
 
+def test_own_rewards_reach_agents_that_do_not_close_the_turn(trainer):
+    # one graded turn per episode: the team reward lands at the listener's step, so
+    # `reward` is 0 for the speaker; reward_source="agent" must use the rewards credited
+    # to it (PettingZoo cumulative rewards), not starve it
+    eps = []
+    for e, team_r in enumerate([1.0, 0.0]):
+        ep = Episode(episode_id=e, group_id=e, seed=e)
+        for k, agent in enumerate(("speaker", "listener")):
+            ep.transitions.append(Transition(e, e, k, 0, agent, [1], [2], [-1.0], reward=team_r if agent == "listener" else 0.0,
+                                             credited_reward=team_r, team_reward=team_r, value=0.0, done=True))
+        eps.append(ep)
+    batch = RolloutBatch(episodes=eps)
+    trainer.config.reward_source = "agent"
+    try:
+        trainer.compute_advantages(batch)
+    finally:
+        trainer.config.reward_source = "team"
+    for ep, team_r in zip(batch.episodes, [1.0, 0.0], strict=True):
+        assert [t.returns for t in ep.transitions] == [team_r, team_r]
+
+
 def sb3_gae(rewards, values, starts, gamma, lam):
     from gymnasium import spaces
     from stable_baselines3.common.buffers import RolloutBuffer

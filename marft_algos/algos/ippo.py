@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import typing
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +137,9 @@ class IPPOTrainer(Trainer):
         trs = batch.transitions  # execution order, episodes contiguous
         if not trs:
             return
-        rewards = [t.team_reward if c.reward_source == "team" else t.reward for t in trs]
+        # own rewards: those credited to the action (t.reward, read right after the agent's own
+        # step, is 0 for every agent but the one that closes the turn)
+        rewards = [t.team_reward if c.reward_source == "team" else t.credited_reward for t in trs]
         adv, ret = per_agent_gae(
             rewards,
             [t.value for t in trs],
@@ -196,10 +199,13 @@ class IPPOTrainer(Trainer):
         }
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (value heads in place, then the runtime's state)."""
-        with torch.no_grad():
-            for agent, tensors in state["value_heads"].items():
-                for p, t in zip(self.value_parameters(agent), tensors, strict=True):
-                    p.copy_(t.to(p.device, p.dtype))
-        super().load_state_dict(state)
+    def load_state_dict(self, state: dict[str, Any], parts: Collection[str] | None = None) -> None:
+        """Restore :meth:`state_dict` (value heads in place with the ``weights``, then the runtime's parts)."""
+        from marft_algos.checkpoint import check_parts
+
+        if "weights" in check_parts(parts):
+            with torch.no_grad():
+                for agent, tensors in state["value_heads"].items():
+                    for p, t in zip(self.value_parameters(agent), tensors, strict=True):
+                        p.copy_(t.to(p.device, p.dtype))
+        super().load_state_dict(state, parts)

@@ -135,15 +135,21 @@ class MARFTTrainerBase(Trainer):
         return list(self._step_keys) if self._step_keys is not None else [agent]
 
     # ---- schedule ------------------------------------------------------------------
-    def scheduled_agents(self, step: int | None = None) -> list[str]:
-        """Agents whose policy steps at update ``step`` (default: the current one)."""
+    def scheduled_agents(self, step: int | None = None, present: typing.Collection[str] | None = None) -> list[str]:
+        """Agents whose policy steps at update ``step`` (default: the current one).
+
+        Agent-by-agent, the schedule cycles over the agents ``present`` in the batch (team
+        order; default all): with a routed team an absent agent has no data, and scheduling
+        it would leave the update without any policy step.
+        """
         c = self.config
         k = self.global_step if step is None else step
-        if k < c.critic_warmup_steps:
+        pool = [a for a in self.agents if present is None or a in present]
+        if k < c.critic_warmup_steps or not pool:
             return []
         if not c.agent_by_agent:
-            return list(self.agents)
-        return [self.agents[((k - c.critic_warmup_steps) // c.agent_interval) % len(self.agents)]]
+            return pool
+        return [pool[((k - c.critic_warmup_steps) // c.agent_interval) % len(pool)]]
 
     def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
         # no policy update at this step (critic warm-up): no old/reference log-probs needed
@@ -178,7 +184,7 @@ class MARFTTrainerBase(Trainer):
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """Critic on every agent's data; policy steps for the scheduled agents only."""
-        self._active = set(self.scheduled_agents())
+        self._active = set(self.scheduled_agents(present=[a for a in self.agents if batch.agent_transitions(a)]))
         out = super().update(batch)
         for agent in self.agents:
             out[f"agent/{agent}/policy_updated"] = float(agent in self._active)
@@ -264,11 +270,18 @@ class MARFTTrainerBase(Trainer):
             state["recovery"] = recovery.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.critic.load_state_dict(state["critic"])
-        self.lr_scale = float(state.get("lr_scale", 1.0))
+    def load_state_dict(self, state: dict[str, Any], parts: typing.Collection[str] | None = None) -> None:
+        """Restore :meth:`state_dict`, or its ``parts``: the critic with the ``weights``, the
+        rollback lr scale with the ``schedulers`` (it is in their states), the collapse
+        detector with the ``progress``."""
+        from marft_algos.checkpoint import check_parts
+
+        chosen = check_parts(parts)
+        if "weights" in chosen:
+            self.critic.load_state_dict(state["critic"])
+        if "schedulers" in chosen:
+            self.lr_scale = float(state.get("lr_scale", 1.0))
         recovery = getattr(self, "recovery", None)
-        if recovery is not None and "recovery" in state:
+        if "progress" in chosen and recovery is not None and "recovery" in state:
             recovery.load_state_dict(state["recovery"])
-        super().load_state_dict(state)
+        super().load_state_dict(state, chosen)

@@ -18,10 +18,12 @@ episode (fixed order, DAG or dynamic route alike); a hop inside a turn uses
 ``gamma_agent/lam_agent``, a hop to the next turn ``gamma_turn/lam_turn`` (defaults
 0.99/0.95 everywhere reproduce the reference). The chain reward of an action is the
 reward its own step produced (``Transition.reward``): the team reward arrives once,
-at the answering agent, and earlier agents are credited through the bootstrapped chain.
+at the agent that closes the turn (the answering agent in the built-in teams), and
+earlier agents are credited through the bootstrapped chain.
 
-Agent-by-agent updates (``agent_by_agent=True``): at update k only agent
-``agents[(k // agent_interval) % N]`` steps its optimizer. Default: simultaneous
+Agent-by-agent updates (``agent_by_agent=True``): at update k (counted after the critic
+warm-up) only agent ``present[(k // agent_interval) % len(present)]`` steps its
+optimizer, ``present`` being the agents with trainable actions in the batch. Default: simultaneous
 updates (see ``docs/algorithms.md``: on a CPU the rollout dominates the step time, and
 a sequential schedule uses 1/N of each batch for the policy; the trust region already
 bounds the non-stationarity each agent sees from the others).
