@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from marft_algos.evaluation.errors import LeaderboardError
-from marft_algos.evaluation.leaderboard import (
+from marft_algos.evaluation.majority import norm_answer
+from marft_algos.evaluation.options import (
     DEFAULT_MODEL,
     eval_kwargs,
     parse_env_kwargs,
     problem_indices,
 )
-from marft_algos.evaluation.majority import norm_answer
 from marft_algos.evaluation.policies import (
     check_roles,
     checkpoint_env,

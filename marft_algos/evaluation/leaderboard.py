@@ -47,6 +47,14 @@ from typing import Any
 
 from marft_algos.evaluation.errors import EvaluationError, LeaderboardError
 from marft_algos.evaluation.majority import majority_vote
+from marft_algos.evaluation.options import (
+    DEFAULT_MODEL,
+    DEFAULT_TEMPERATURE,
+    eval_kwargs,
+    parse_env_kwargs,
+    problem_indices,
+    sampling_temperature,
+)
 from marft_algos.evaluation.plots import plot_leaderboard
 from marft_algos.evaluation.policies import (
     TrainedPolicy,
@@ -79,12 +87,6 @@ __all__ = [
     "write_outputs",
 ]
 
-#: Sampling temperature of the leaderboard when ``--temperature`` is not given
-#: (the regression view decodes greedily instead).
-DEFAULT_TEMPERATURE = 0.7
-#: Base model of the untrained systems when ``--model`` is not given.
-DEFAULT_MODEL = "smollm2-135m"
-
 COLUMNS = [
     "suite", "system", "env_id", "problems", "k", "accuracy", "ci_low", "ci_high", "pass_at_k",
     "tokens_per_episode", "calls_per_episode", "verifier_timeouts", "seconds",
@@ -106,47 +108,11 @@ def _team_of(env_id: str) -> str | None:
     return prof if isinstance(prof, str) else None
 
 
-def problem_indices(env_id: str, split: str, kwargs: dict[str, Any], limit: int, start: int) -> list[int]:
-    """Indices ``start .. start + limit - 1`` of the split, cut at its size (the env is built once to read it)."""
-    import marft_envs
-
-    total = int(getattr(marft_envs.make(env_id, **{**kwargs, "split": split}), "num_problems", limit))
-    return list(range(start, min(total, start + limit)))
-
-
 def _parse_ckpt(spec: str) -> tuple[str, str]:
     if "=" in spec:
         label, path = spec.split("=", 1)
         return label, path
     return Path(spec.rstrip("/")).name, spec
-
-
-def _temperature(args: argparse.Namespace, default: float) -> float | None:
-    """``--temperature`` if given (< 0: None = the profiles' own settings), else ``default``."""
-    if args.temperature is None:
-        return default
-    return None if args.temperature < 0 else args.temperature
-
-
-def eval_kwargs(args: argparse.Namespace, default_temperature: float = DEFAULT_TEMPERATURE) -> dict[str, Any]:
-    """The sampling options of :func:`~marft_algos.evaluation.samples.play` from the parsed options."""
-    temp = _temperature(args, default_temperature)
-    return dict(temperature=temp, max_new_tokens=args.max_new_tokens, num_envs=args.num_envs, max_context=args.max_context)
-
-
-def parse_env_kwargs(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
-    """``--env-kwargs ID=JSON`` items as ``{id: kwargs}``; a :class:`LeaderboardError` for malformed ones."""
-    env_kwargs: dict[str, dict[str, Any]] = {}
-    for item in items or []:
-        eid, sep, js = item.partition("=")
-        try:
-            value = json.loads(js) if sep else None
-        except json.JSONDecodeError as e:
-            raise LeaderboardError(f"--env-kwargs {item!r}: the part after '=' is not JSON ({e})") from None
-        if not isinstance(value, dict):
-            raise LeaderboardError(f"--env-kwargs {item!r}: expected ID={{JSON object}}")
-        env_kwargs[eid] = value
-    return env_kwargs
 
 
 def select_suites(args: argparse.Namespace) -> list[tuple[Suite, list[str]]]:
@@ -310,7 +276,7 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, args: argparse.Name
     settings = {k: v for k, v in vars(args).items() if k not in ("func",)}
     header = (
         f"# Leaderboard\n\nmodel `{args.model or DEFAULT_MODEL}`, k = {args.k} samples per problem, temperature "
-        f"{_temperature(args, DEFAULT_TEMPERATURE)}, seed {args.seed}; versions: "
+        f"{sampling_temperature(args, DEFAULT_TEMPERATURE)}, seed {args.seed}; versions: "
         + ", ".join(f"{k} {v}" for k, v in meta.items())
         + "\n\n"
     )
