@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import importlib
 import json
 import math
 import typing
@@ -43,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marft_algos.registry import algorithm_name
+from marft_algos.registry import algorithm_name, lazy_exports
 
 if typing.TYPE_CHECKING:  # re-exported lazily (see __getattr__ at the end)
     from marft_algos.algos.grpo import GRPOConfig
@@ -591,9 +590,5 @@ _ALGORITHM_CONFIGS = {
     "MARFTTokenConfig": "marft_algos.algos.marft_token",
 }
 
-
-def __getattr__(name: str) -> Any:
-    # Lazy: the algorithm modules import this one (an eager import would be a circle).
-    if name in _ALGORITHM_CONFIGS:
-        return getattr(importlib.import_module(_ALGORITHM_CONFIGS[name]), name)
-    raise AttributeError(f"module 'marft_algos.config' has no attribute {name!r}")
+# lazy: the algorithm modules import this one (an eager import would be a circle)
+__getattr__ = lazy_exports(__name__, _ALGORITHM_CONFIGS)

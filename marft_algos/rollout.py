@@ -38,6 +38,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutCollector",
     "make_sampling",
+    "minibatch_indices",
 ]
 
 
@@ -71,7 +72,10 @@ class Transition:
         info: the env's info dict for the agent after the step (JSON-safe parts).
         trainable: False for actions that must not be trained on (overlong prompts).
         value / advantage / returns: filled by the trainer's advantage estimator.
-        extras: free slot for algorithms (token values, reference log-probs, ...).
+        extras: what the estimators and ``prepare_update`` attach per action (token
+            values / advantages / returns, old and reference log-probs, cached critic
+            features); the update reads them once, as the padded tensors of
+            :class:`marft_algos.buffer.AgentBuffer`.
     """
 
     episode_id: int
@@ -604,9 +608,15 @@ class RolloutCollector:
         return m
 
 
+def minibatch_indices(n: int, num_minibatches: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Shuffle ``range(n)`` with ``rng`` and yield ``num_minibatches`` near-equal index chunks."""
+    order = rng.permutation(n)
+    for chunk in np.array_split(order, min(num_minibatches, max(n, 1))):
+        if len(chunk):
+            yield chunk
+
+
 def iter_minibatches(items: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[list[Any]]:
     """Shuffle ``items`` with ``rng`` and yield ``num_minibatches`` near-equal chunks."""
-    order = rng.permutation(len(items))
-    for chunk in np.array_split(order, min(num_minibatches, max(len(items), 1))):
-        if len(chunk):
-            yield [items[int(j)] for j in chunk]
+    for chunk in minibatch_indices(len(items), num_minibatches, rng):
+        yield [items[int(j)] for j in chunk]

@@ -44,31 +44,19 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from marft_algos.buffer import AgentBuffer, action_field, token_field
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
-from marft_algos.registry import (
-    ALGORITHMS,
-    AlgorithmSpec,
-    UnknownAlgorithmError,
-    get_algorithm,
-    list_algorithms,
-    register_algorithm,
-)
-from marft_algos.rollout import RolloutBatch, RolloutCollector, Transition, iter_minibatches
+from marft_algos.registry import *  # noqa: F403  (the registry's names, importable from here as before)
+from marft_algos.registry import lazy_exports, list_algorithms
+from marft_algos.rollout import RolloutBatch, RolloutCollector, Transition
 from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 
+# (the registry's and the seeding helpers' names are still importable from here; their
+# home and their __all__ are marft_algos.registry and marft_algos.seeding)
 __all__ = [
-    "ALGORITHMS",
-    "AlgorithmSpec",
-    "UnknownAlgorithmError",
-    "register_algorithm",
-    "get_algorithm",
-    "list_algorithms",
     "Trainer",
     "pad_sequences",
     "make_policy",
-    "seed_everything",
-    "rng_state",
-    "set_rng_state",
 ]
 
 
@@ -286,18 +274,26 @@ class Trainer(ABC):
         c = self.config
         sums: dict[str, list[float]] = defaultdict(list)
         self.prepare_update(batch)
+        # one buffer of padded tensors per agent; minibatches are index slices of it
+        self.buffers: dict[str, AgentBuffer] = {}
         for epoch in range(c.ppo_epochs):
             for agent in self.update_agents(batch):
-                transitions = batch.agent_transitions(agent)
-                if not transitions:
+                if agent not in self.buffers:
+                    self.buffers[agent] = self.build_buffer(agent, batch.agent_transitions(agent))
+                buffer = self.buffers[agent]
+                if not len(buffer):
                     continue
-                for mb in iter_minibatches(transitions, c.num_minibatches, self.np_rng):
+                for mb in buffer.minibatches(c.num_minibatches, self.np_rng):
                     for k, v in self.train_minibatch(agent, mb, epoch=epoch).items():
                         sums[k].append(v)
         self.after_update(batch)
         return {k: float(np.mean(v)) for k, v in sums.items()}
 
     # ---- update internals (overridable) --------------------------------------------
+    def build_buffer(self, agent: str, transitions: list[Transition]) -> AgentBuffer:
+        """``agent``'s trainable actions as padded tensors (after :meth:`prepare_update`)."""
+        return AgentBuffer.from_transitions(agent, transitions)
+
     def update_agents(self, batch: RolloutBatch) -> list[str]:
         """Agents updated at this step, in order (default: all agents with data)."""
         present = set(batch.agents)
@@ -404,13 +400,12 @@ class Trainer(ABC):
         A minibatch that bypassed :meth:`prepare_update` falls back to the current
         log-probs, detached (ratio 1).
         """
-        if all("old_logp" in t.extras for t in mb):
-            return pad_sequences([t.extras["old_logp"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
-        return stats.logprobs.detach()
+        old = token_field(mb, "old_logp", stats.logprobs.shape[1], stats.logprobs.device)
+        return old if old is not None else stats.logprobs.detach()
 
     def advantages_tensor(self, mb: list[Transition], stats: Any) -> torch.Tensor:
         """Advantages broadcast over tokens -> [B, T] (token-level subclasses override)."""
-        adv = torch.tensor([float(t.advantage) for t in mb], dtype=torch.float32, device=stats.logprobs.device)
+        adv = action_field(mb, "advantages", torch.float32, stats.logprobs.device)
         return adv[:, None].expand_as(stats.logprobs)
 
     def ppo_config(self) -> PPOLossConfig:
@@ -437,8 +432,8 @@ class Trainer(ABC):
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))
         m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
-        if c.beta > 0 and "ref_logp" in mb[0].extras:
-            ref_logp = pad_sequences([t.extras["ref_logp"] for t in mb], logp.shape[1], device=logp.device)
+        ref_logp = token_field(mb, "ref_logp", logp.shape[1], logp.device) if c.beta > 0 else None
+        if ref_logp is not None:
             kl = losses.kl_to_reference(logp, ref_logp, mask)
             loss = loss + c.beta * kl
             m[f"agent/{agent}/ref_kl"] = float(kl.detach())
@@ -692,11 +687,6 @@ def _as_metrics(info: Any) -> dict[str, float]:
     return {}
 
 
-def __getattr__(name: str) -> Any:
-    # `from marft_algos.trainer import GRPOConfig` of older subclass authors: the configs
-    # live beside their algorithms now, which import this module (hence lazily)
-    if name in ("GRPOConfig", "IPPOConfig"):
-        from marft_algos import config
-
-        return getattr(config, name)
-    raise AttributeError(f"module 'marft_algos.trainer' has no attribute {name!r}")
+# `from marft_algos.trainer import GRPOConfig` of older subclass authors: the configs live
+# beside their algorithms now, which import this module (hence lazily)
+__getattr__ = lazy_exports(__name__, {"GRPOConfig": "marft_algos.algos.grpo", "IPPOConfig": "marft_algos.algos.ippo"})

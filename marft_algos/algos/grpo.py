@@ -40,11 +40,6 @@ from marft_algos.trainer import Trainer
 __all__ = ["GRPOConfig", "GRPOTrainer"]
 
 
-def _group_for_global(value: Any) -> Any:
-    """GRPO's old ``normalize="global"`` is ``normalize_advantages="group"``."""
-    return "group" if value == "global" else value
-
-
 @dataclass
 class GRPOConfig(PPOLossConfig, TrainConfig):
     """Group Relative Policy Optimisation for a team (one adapter per agent by default).
@@ -62,7 +57,8 @@ class GRPOConfig(PPOLossConfig, TrainConfig):
     dynamic_sampling: bool = field(default=False, metadata={"help": "DAPO dynamic sampling: drop groups whose rewards are all equal and resample."})
     max_resample_tries: int = field(default=3, metadata={"help": "Extra collection rounds to fill the batch when dynamic sampling drops groups."})
 
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"normalize": ("normalize_advantages", _group_for_global)}
+    # the old normalize="global" is normalize_advantages="group"
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"normalize": ("normalize_advantages", lambda v: "group" if v == "global" else v)}
 
     def __post_init__(self) -> None:
         if self.normalize_advantages == "global":

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marft_algos.buffer import action_field
 from marft_algos.config import (
     ConfigError,
     CriticConfig,
@@ -42,11 +43,6 @@ from marft_algos.trainer import Trainer
 __all__ = ["IPPOConfig", "IPPOTrainer"]
 
 
-def _source_of_team_reward(team_reward: Any) -> str:
-    """IPPO's old ``team_reward`` bool is ``reward_source``."""
-    return "team" if team_reward else "agent"
-
-
 @dataclass
 class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
     """Independent PPO: each agent is its own PPO learner with its own value head.
@@ -61,7 +57,8 @@ class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
     normalize_advantages: str = field(default="agent", metadata={"help": "'agent' (whiten per agent within the batch), 'batch' (over all trainable actions) or 'none'."})
     value_loss: str = with_default(CriticConfig, "value_loss", "mse")
 
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"team_reward": ("reward_source", _source_of_team_reward)}
+    # the old team_reward=True/False is reward_source="team"/"agent"
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"team_reward": ("reward_source", lambda b: "team" if b else "agent")}
 
     def __post_init__(self) -> None:
         if isinstance(self.normalize_advantages, bool):  # the old bool: per agent or off
@@ -181,8 +178,8 @@ class IPPOTrainer(Trainer):
 
         c = self.config
         v = self._critic.minibatch_action_values(agent, mb)
-        returns = torch.tensor([t.returns for t in mb], dtype=v.dtype, device=v.device)
-        old_v = torch.tensor([t.value for t in mb], dtype=v.dtype, device=v.device)
+        returns = action_field(mb, "returns", v.dtype, v.device)
+        old_v = action_field(mb, "values", v.dtype, v.device)
         vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss, delta=c.huber_delta)
         return c.vf_coef * vloss, {
             f"agent/{agent}/value_loss": float(vloss.detach()),

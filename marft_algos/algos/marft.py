@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marft_algos.buffer import token_field
 from marft_algos.config import (
     ConfigError,
     CriticConfig,
@@ -67,6 +68,10 @@ class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig, metadata={"help": "Collapse recovery (nested: recovery.<setting>=...; recovery=false switches it off)."})
 
     renamed_settings: typing.ClassVar[dict[str, Renamed]] = _recovery_renames()
+
+    def chain_discounts(self) -> dict[str, float]:
+        """The chain's hop discounts as keyword arguments of the estimators in :mod:`marft_algos.advantages`."""
+        return {"gamma_agent": self.gamma_agent, "lam_agent": self.lam_agent, "gamma_turn": self.gamma_turn, "lam_turn": self.lam_turn}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -209,15 +214,14 @@ class MARFTTrainerBase(Trainer):
     def entropy_and_penalties(self, agent: str, mb: list[Transition], stats: Any, loss: torch.Tensor, m: dict[str, float]) -> torch.Tensor:
         """Add the entropy bonus and the KL penalty to the reference to a policy loss."""
         from marft_algos import losses
-        from marft_algos.trainer import pad_sequences
 
         c = self.config
         mask = stats.mask.float()
         m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
         if c.ent_coef > 0:
             loss = loss - losses.entropy_bonus(stats.entropy, mask, c.ent_coef)
-        if c.beta > 0 and "ref_logp" in mb[0].extras:
-            ref = pad_sequences([t.extras["ref_logp"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
+        ref = token_field(mb, "ref_logp", stats.logprobs.shape[1], stats.logprobs.device) if c.beta > 0 else None
+        if ref is not None:
             kl = losses.kl_to_reference(stats.logprobs, ref, mask)
             loss = loss + c.beta * kl
             m[f"agent/{agent}/ref_kl"] = float(kl.detach())
