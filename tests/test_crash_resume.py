@@ -47,13 +47,13 @@ def _run_until_paused(out: Path, point: str, tmp_path: Path) -> subprocess.Popen
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, "-m", "marft_algos.cli", *ARGV, "--steps", str(STEPS), "--out", str(out)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
+    deadline = time.time() + 900  # generous: CI machines can be loaded
     while not marker.exists():
         if proc.poll() is not None:
             pytest.fail(f"the run ended before reaching {point}: {proc.stderr.read()[-2000:]}")
         if time.time() > deadline:
             proc.kill()
-            pytest.fail(f"the run did not reach {point} in 300 s")
+            pytest.fail(f"the run did not reach {point} in 900 s")
         time.sleep(0.2)
     return proc
 
@@ -97,10 +97,17 @@ def test_kill_9_then_resume_continues_like_an_uninterrupted_run(tmp_path, capsys
     assert not (out / ".marft.lock").exists()
 
 
-def _one_step_run(tmp_path: Path) -> Path:
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("one") / "run"
     assert main([*ARGV, "--steps", "1", "--out", str(out)]) == 0
     return out
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(run, tmp_path / "run"))
 
 
 @pytest.mark.parametrize(
@@ -113,8 +120,8 @@ def _one_step_run(tmp_path: Path) -> Path:
         ("MANIFEST.json", "truncate", "MANIFEST.json is corrupt"),
     ],
 )
-def test_damaged_checkpoint_files_are_a_clear_error_and_nothing_is_overwritten(tmp_path, capsys, target, damage, expect):
-    out = _one_step_run(tmp_path)
+def test_damaged_checkpoint_files_are_a_clear_error_and_nothing_is_overwritten(tmp_path, capsys, one_step_run, target, damage, expect):
+    out = _copy(one_step_run, tmp_path)
     ck = out / "checkpoints" / "step-00000001"
     f = next(p for p in sorted((ck / "policy").rglob("*")) if p.is_file() and p.stat().st_size > 64) if target == "policy" else ck / target
     data = f.read_bytes()
@@ -128,10 +135,10 @@ def test_damaged_checkpoint_files_are_a_clear_error_and_nothing_is_overwritten(t
     assert {str(p): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
 
 
-def test_manifests_that_lie_never_load_a_corrupt_file(tmp_path):
+def test_manifests_that_lie_never_load_a_corrupt_file(tmp_path, one_step_run):
     from marft_algos.checkpoint import CheckpointError, verify_checkpoint
 
-    out = _one_step_run(tmp_path)
+    out = _copy(one_step_run, tmp_path)
     ck = out / "checkpoints" / "step-00000001"
     good = json.loads((ck / "MANIFEST.json").read_text())
     lies = {

@@ -140,7 +140,7 @@ def test_failed_resume_leaves_the_run_dir_as_it_was(tmp_path, capsys):
     assert list((out / "tb").glob("events.*"))
     assert main([*IPPO, "--steps", "2", "--out", str(out), "--resume", "--set", "tensorboard=true"]) == 2
     err = capsys.readouterr().err
-    assert "cannot resume" in err and "trainer.pt" in err or "step-00000001" in err
+    assert "cannot resume" in err and "step-00000001: cannot load it" in err and "Traceback" not in err
     assert _snapshot(out) == before  # metrics.jsonl, tb/, config.json as they were
 
 
@@ -163,7 +163,7 @@ def test_torn_last_line_is_skipped_and_a_damaged_middle_line_named(tmp_path, cap
     with open(path, "a") as fh:
         fh.write('{"step": 4, "team/rew')  # a kill mid-write
     with caplog.at_level("WARNING", logger="marft"):
-        assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, ]
+        assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
     assert "skipped its last line 4" in caplog.text
     log.truncate_after(2)
     assert path.read_text().endswith("\n") and [r["step"] for r in read_metrics(path)] == [1, 2]
