@@ -35,6 +35,9 @@ import difflib
 import functools
 import json
 import math
+import numbers
+import os
+import types
 import typing
 import warnings
 from collections.abc import Callable
@@ -201,6 +204,60 @@ class _ConfigMeta(type):
 
 _DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
 
+#: sampling settings of ``sampling_overrides`` and their types (checked at config time,
+#: not at the first generation)
+_SAMPLING_TYPES: dict[str, Any] = {"temperature": float, "top_p": float, "top_k": int, "max_new_tokens": int, "stop": Any, "greedy": bool}
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_type(name: str, value: Any, annotation: Any) -> None:
+    """Reject a value of the wrong type for a simple annotation (bool, int, float, str, dict, list,
+    ``X | None``); floats must also be finite: no setting means something at NaN or inf
+    (``None`` switches the optional ones off, ``0`` the others)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            _check_type(name, value, rest[0])
+        return  # wider unions: not checked here
+    if annotation is bool:
+        _check(isinstance(value, bool), f"{name} must be true or false, got {value!r}")
+    elif annotation is int:
+        _check(
+            isinstance(value, numbers.Integral) and not isinstance(value, bool),
+            f"{name} must be an integer, got {value!r}" + (" (not finite)" if isinstance(value, float) and not math.isfinite(value) else ""),
+        )
+    elif annotation is float:
+        _check(isinstance(value, numbers.Real) and not isinstance(value, bool), f"{name} must be a number, got {value!r}")
+        _check(math.isfinite(float(value)), f"{name} must be a finite number, got {value!r}")
+    elif annotation is str:
+        _check(isinstance(value, str), f"{name} must be a string, got {value!r}")
+    elif annotation is dict or origin is dict:
+        _check(isinstance(value, dict), f"{name} must be a dict (a JSON object), got {value!r}")
+    elif annotation in (list, tuple) or origin in (list, tuple):
+        _check(isinstance(value, (list, tuple)), f"{name} must be a list, got {value!r}")
+
+
+def _check_field_types(obj: Any, prefix: str = "") -> None:
+    """Type-check every simple field of a config dataclass (see :func:`_check_type`)."""
+    hints = _type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        ann = hints.get(f.name)
+        if ann is None or dataclasses.is_dataclass(ann):
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, os.PathLike) and str in (ann, *typing.get_args(ann)):
+            value = os.fspath(value)  # a Path where a path string is expected
+            object.__setattr__(obj, f.name, value)
+        _check_type(prefix + f.name, value, ann)
+
 
 @dataclass
 class TrainConfig(metaclass=_ConfigMeta):
@@ -271,6 +328,18 @@ class TrainConfig(metaclass=_ConfigMeta):
                 unknown = sorted(set(data) - valid)
                 _check(not unknown, f"unknown {name} settings {unknown}; valid: {sorted(valid)}")
                 object.__setattr__(self, name, part(**data))
+            _check_field_types(getattr(self, name), prefix=f"{name}.")
+        _check_field_types(self)
+        for agent, lr in self.lr_per_agent.items():
+            _check_type(f"lr_per_agent[{agent!r}]", lr, float)
+        for agent, base in self.model_per_agent.items():
+            _check_type(f"model_per_agent[{agent!r}]", base, str)
+        for name in ("sampling_overrides", "eval_sampling_overrides"):
+            for agent, sp in getattr(self, name).items():
+                _check(isinstance(sp, dict), f"{name}[{agent!r}] must be a dict of sampling settings, got {sp!r}")
+                for key, value in sp.items():
+                    if _SAMPLING_TYPES.get(key, Any) is not Any:
+                        _check_type(f"{name}[{agent!r}].{key}", value, _SAMPLING_TYPES[key])
         _check(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}")
         _check(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
         _check(self.mode in ("lora", "shared", "full"), f"mode must be 'lora', 'shared' or 'full', got {self.mode!r}")
@@ -283,7 +352,16 @@ class TrainConfig(metaclass=_ConfigMeta):
         _check(self.num_minibatches >= 1, f"num_minibatches must be >= 1, got {self.num_minibatches}")
         _check(self.max_context >= 8, f"max_context must be >= 8 tokens, got {self.max_context}")
         _check(self.lora_r >= 1, f"lora_r must be >= 1, got {self.lora_r}")
+        _check(self.lora_alpha > 0, f"lora_alpha must be > 0 (the adapter's scale is alpha / r), got {self.lora_alpha}")
         _check(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
+        _check(self.save_every >= 0, f"save_every must be >= 0 (0 = only at the end), got {self.save_every}")
+        _check(self.keep_checkpoints >= 0, f"keep_checkpoints must be >= 0 (0 = keep all), got {self.keep_checkpoints}")
+        _check(self.transcript_every >= 0, f"transcript_every must be >= 0 (0 = never), got {self.transcript_every}")
+        _check(self.transcripts_per_step >= 0, f"transcripts_per_step must be >= 0, got {self.transcripts_per_step}")
+        _check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        _check(self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}")
+        _check(self.device == "auto" or _valid_device(self.device),
+               f"unknown device {self.device!r}; use 'auto', 'cpu', 'cuda', 'cuda:<index>', 'mps' or another torch device string")
         _check(self.init_loss_scale > 0 and math.isfinite(self.init_loss_scale), f"init_loss_scale must be a positive finite number, got {self.init_loss_scale}")
         _check(self.max_minutes is None or self.max_minutes > 0, f"max_minutes must be > 0, got {self.max_minutes}")
         # The sampler runs without dropout, so the new log-probs must too (else every PPO
@@ -357,6 +435,17 @@ class TrainConfig(metaclass=_ConfigMeta):
         data = json.loads(Path(path).read_text())
         data.pop("algo", None)
         return config_from_dict(cls, data)
+
+
+def _valid_device(name: str) -> bool:
+    """A device string torch parses (``cpu``, ``cuda:1``, ``mps``); whether it exists is checked when the model loads."""
+    import torch  # only for a non-default device
+
+    try:
+        torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _chain_post_init(obj: Any, part: type) -> None:

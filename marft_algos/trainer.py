@@ -32,6 +32,7 @@ importable from this module).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -570,11 +571,32 @@ class Trainer(ABC):
         return out
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
-        """Train until ``global_step == steps`` (default ``config.steps``) or ``max_minutes``."""
-        from tqdm.auto import tqdm
+        """Train until ``global_step == steps`` (default ``config.steps``) or ``max_minutes``.
 
+        With an ``out_dir`` the run dir is locked for the duration
+        (:class:`marft_algos.rundir.RunDirLock`): a second run on it stops with an error.
+        """
         c = self.config
         target = c.steps if steps is None else steps
+        lock = None
+        if c.out_dir:  # one run at a time per run dir (re-entrant: the CLI may hold it already)
+            from marft_algos.checkpoint import clean_stale
+            from marft_algos.rundir import RunDirLock
+
+            lock = RunDirLock(c.out_dir).acquire()
+            clean_stale(Path(c.out_dir) / "checkpoints")
+        try:
+            return self._train_locked(target)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _train_locked(self, target: int) -> list[dict[str, float]]:
+        from tqdm.auto import tqdm
+
+        from marft_algos.rundir import _test_pause
+
+        c = self.config
         start = time.time()
         bar = tqdm(total=target, initial=self.global_step, disable=not c.progress, desc=f"{type(self).__name__}", dynamic_ncols=True)
         new: list[dict[str, float]] = []
@@ -591,6 +613,7 @@ class Trainer(ABC):
                     bar.total = min(target, self.global_step + math.ceil(left * len(new) / max(elapsed, 1e-9)))
                 bar.update(1)
                 bar.set_postfix(team_reward=f"{m.get('team/reward', float('nan')):.3f}", step_s=f"{m['perf/step_s']:.1f}")
+                _test_pause("step", self.global_step)  # logged, not yet saved (the crash tests)
                 if c.out_dir and c.save_every and self.global_step % c.save_every == 0:
                     self.save_checkpoint()
         finally:
@@ -665,12 +688,46 @@ class Trainer(ABC):
         root = Path(root) if root is not None else Path(self.config.out_dir or ".") / "checkpoints"
         return save_checkpoint(self, root, keep=self.config.keep_checkpoints)
 
-    def load_checkpoint(self, path: str | Path, parts: Collection[str] | None = None) -> Path:
-        """Restore from a checkpoint dir, a ``checkpoints`` root, or a run dir (newest complete one);
-        ``parts``: only these :data:`~marft_algos.checkpoint.CHECKPOINT_PARTS` (default all)."""
-        from marft_algos.checkpoint import load_checkpoint
+    def load_checkpoint(
+        self, path: str | Path, parts: Collection[str] | None = None, *, check_config: bool = True
+    ) -> Path:
+        """Restore from a checkpoint dir, a ``checkpoints`` root, or a run dir (newest complete one).
 
-        return load_checkpoint(self, path, parts=parts)
+        ``parts``: only these :data:`~marft_algos.checkpoint.CHECKPOINT_PARTS` (default all).
+
+        With ``check_config`` (the default) the checkpoint's settings are compared with
+        this trainer's first (:func:`marft_algos.rundir.resume_changes`): settings that
+        cannot change on resume (env, algorithm, model, team, LoRA shape, data layout, seed)
+        raise :class:`~marft_algos.rundir.ResumeConfigError` before anything is loaded;
+        other changes apply (the new optimizer settings are written into the restored
+        optimizer states) and are listed in ``self.resume_changes``. A checkpoint whose
+        files fail to load raises :class:`~marft_algos.checkpoint.CheckpointError`.
+        """
+        from marft_algos.checkpoint import (
+            CheckpointError,
+            find_checkpoint,
+            load_checkpoint,
+            read_checkpoint_config,
+        )
+        from marft_algos.rundir import apply_optimizer_settings, resume_changes
+
+        ckpt = find_checkpoint(path)
+        saved: dict[str, Any] | None = None
+        if check_config:
+            saved = read_checkpoint_config(ckpt)
+            manifest = json.loads((ckpt / "MANIFEST.json").read_text(encoding="utf-8"))
+            self.resume_changes = resume_changes(
+                saved, self.config, saved_agents=manifest.get("agents"), agents=list(self.agents), where=ckpt
+            ).applied
+        try:
+            loaded = load_checkpoint(self, ckpt, parts=parts)
+        except (CheckpointError, OSError):
+            raise
+        except Exception as e:  # a file that verifies but does not load (written by another version?)
+            raise CheckpointError(f"{ckpt}: cannot load it ({type(e).__name__}: {e})") from e
+        if saved is not None and (parts is None or "optimizers" in parts):
+            apply_optimizer_settings(self, saved)
+        return loaded
 
 
 def _as_metrics(info: Any) -> dict[str, float]:
