@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from marft_envs.testing import check_step_output
+
 __all__ = [
     "Transition",
     "Episode",
@@ -244,7 +246,11 @@ def _env_step(env: Any, agent: str, text: str) -> _Stepped:
     """Step ``agent`` of ``env`` with ``text``; snapshot what the record needs."""
     obs = env.observe(agent)
     turn = int(obs.get("turn", 0)) if isinstance(obs, dict) else 0
+    before = dict(getattr(env, "_cumulative_rewards", {}) or {})
     env.step(text)
+    # a third-party env whose rewards never reach _cumulative_rewards (or are NaN) would
+    # train on zeros or poison the update: fail here, naming the env and the agent
+    check_step_output(env, agent, previous_cumulative=before)
     return _Stepped(
         turn=turn,
         rewards={a: float(r) for a, r in env.rewards.items()},
