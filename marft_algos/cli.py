@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--greedy", action="store_true", help="greedy decoding instead of the eval sampling settings")
     e.add_argument("--seed", type=int, default=1234)
     e.add_argument("--json", dest="json_out", help="also write the result as JSON here")
+    e.add_argument("--strict-context", action="store_true",
+                   help="stop with an error when a prompt does not fit the context (default: count and warn)")
 
     sub.add_parser("list-envs", help="list registered environments")
     sub.add_parser("list-algos", help="list registered algorithms")
@@ -223,7 +225,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _die(f"--start-index must be >= 0, got {args.start_index}")
     if args.env:
         _check_env(args.env)
-    kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed)
+    kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed,
+                  strict_context=args.strict_context)
     if args.checkpoint:
         result = evaluate_checkpoint(args.checkpoint, args.env, **kwargs)
     else:
@@ -354,8 +357,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.config import ConfigError
     from marft_algos.evaluation.errors import EvaluationError
     from marft_algos.registry import UnknownAlgorithmError
+    from marft_algos.rollout import ContextOverflowError
 
-    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError]
+    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError,
+                                       ContextOverflowError]
     try:
         import marft_envs
 

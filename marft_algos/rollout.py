@@ -23,6 +23,7 @@ at run time are followed as the env dictates (we never assume an order).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +35,11 @@ import numpy as np
 
 from marft_envs.testing import check_step_output
 
+_log = logging.getLogger("marft")
+
 __all__ = [
+    "ContextOverflowError",
+    "overlong_summary",
     "Transition",
     "Episode",
     "RolloutBatch",
@@ -282,6 +287,8 @@ class RolloutCollector:
             distinct objects. Records are built in env order afterwards, so results are
             identical to serial stepping (an env must not draw from global RNGs in
             ``step``: PettingZoo envs use their own ``np_random``).
+        strict_context: raise :class:`ContextOverflowError` on the first overlong prompt
+            instead of warning once per agent and playing "".
     """
 
     def __init__(
@@ -299,6 +306,7 @@ class RolloutCollector:
         max_steps_per_episode: int = 10_000,
         share_prefill: bool = True,
         step_workers: int = 8,
+        strict_context: bool = False,
     ) -> None:
         if num_envs % group_size:
             raise ValueError(f"num_envs ({num_envs}) must be a multiple of group_size ({group_size})")
@@ -311,6 +319,8 @@ class RolloutCollector:
         self.mode = mode
         self.sampling_overrides = dict(sampling_overrides or {})
         self.max_context = max_context
+        self.strict_context = bool(strict_context)
+        self._warned: set[tuple[str, str]] = set()  # (what, agent): console warnings given once
         self.agent_to_role = agent_to_role or (lambda a: a)
         self.max_steps_per_episode = max_steps_per_episode
         self.share_prefill = share_prefill
@@ -439,6 +449,7 @@ class RolloutCollector:
                         # No room for even one token: a handled, counted case (never truncate the
                         # prompt silently, it would train on a context the agent never saw).
                         counters["rollout/overlong"] += 1
+                        self._overflowed(agent, len(prompt_ids), counters)
                         overlong.append((i, agent, prompt_ids))
                         continue
                     counters["rollout/context_capped"] += 1
@@ -577,6 +588,7 @@ class RolloutCollector:
             counters["rollout/length_stops"] += 1
         elif finish == "context":  # the policy refused: prompt + max_new_tokens over its window
             counters["rollout/overlong"] += 1
+            self._overflowed(agent, len(prompt_ids), counters)
             tr.flags.append("context_overflow")
         grade = info.get("grade") or {}
         if isinstance(grade, dict) and grade.get("timed_out"):
@@ -595,6 +607,30 @@ class RolloutCollector:
                 ep.correct = bool(grade["correct"])
             elif ep.correct is None:
                 ep.correct = team_r > 0
+
+    def _overflowed(self, agent: str, prompt_tokens: int, counters: dict[str, float]) -> None:
+        """An agent's prompt left no room for a token: count it per agent, warn once, or stop (strict)."""
+        counters[f"agent/{agent}/overlong"] += 1
+        msg = (
+            f"agent {agent!r}: prompt of {prompt_tokens} tokens does not fit max_context={self.max_context}"
+        )
+        fix = ("raise max_context (up to the model's window), shorten the agent's prompt or its history, "
+               "or use a model with a longer context")
+        if self.strict_context:
+            raise ContextOverflowError(f"{msg} (strict_context): {fix}")
+        if ("overlong", agent) not in self._warned:
+            self._warned.add(("overlong", agent))
+            _log.warning("%s: it plays an empty action, is not trained on, and scores 0; %s "
+                         "(counted in rollout/overlong; warned once per agent; strict_context=true stops the run)", msg, fix)
+
+    def _warn_idle(self, acted: set[str], episodes: int) -> None:
+        """Warn (once per agent) when an agent of the team never acted in a whole batch."""
+        for agent in self.possible_agents:
+            if agent not in acted and ("idle", agent) not in self._warned:
+                self._warned.add(("idle", agent))
+                _log.warning(
+                    "agent %r never acted in %d episodes (e.g. a specialist the router never chose): it gets "
+                    "no data and is not trained (agent/%s/actions = 0; warned once)", agent, episodes, agent)
 
     def _finish(self, env: Any, ep: Episode) -> None:
         if ep.correct is None:
@@ -615,11 +651,28 @@ class RolloutCollector:
         for ep in episodes:
             for t in ep.transitions:
                 by_agent[t.agent].append(t)
+        self._warn_idle(set(by_agent), len(episodes))
+        for agent in self.possible_agents:
+            m[f"agent/{agent}/actions"] = float(len(by_agent.get(agent, ())))
         for agent, trs in by_agent.items():
             m[f"agent/{agent}/reward"] = float(np.mean([t.credited_reward for t in trs]))
             m[f"agent/{agent}/response_len"] = float(np.mean([t.num_tokens for t in trs]))
             m[f"agent/{agent}/length_stop_frac"] = float(np.mean([t.finish_reason == "length" for t in trs]))
         return m
+
+
+class ContextOverflowError(RuntimeError):
+    """An agent's prompt does not fit ``max_context`` and ``strict_context`` is on."""
+
+
+def overlong_summary(metrics: dict[str, float], suffix: str = "") -> str:
+    """``"writer 6, critic 2"`` from ``agent/<a>/overlong<suffix>`` counters ("" when none overflowed)."""
+    tail = f"/overlong{suffix}"
+    parts = [
+        f"{k[len('agent/'):-len(tail)]} {int(v)}" for k, v in metrics.items()
+        if k.startswith("agent/") and k.endswith(tail) and v
+    ]
+    return ", ".join(parts)
 
 
 def iter_minibatches(items: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[list[Any]]:

@@ -239,6 +239,7 @@ class Trainer(ABC):
             mode="train",
             sampling_overrides=c.sampling_overrides,
             max_context=c.max_context,
+            strict_context=c.strict_context,
         )
 
     def build_policy(self) -> Any:
@@ -599,6 +600,9 @@ class Trainer(ABC):
         self.global_step += 1
         for key in ("rollout/verifier_timeouts", "rollout/overlong"):
             self.counters[key + "_total"] += batch.metrics.get(key, 0.0)
+        for agent in self.agents:  # per agent, for the end-of-run summary
+            if batch.metrics.get(f"agent/{agent}/overlong"):
+                self.counters[f"agent/{agent}/overlong_total"] += batch.metrics[f"agent/{agent}/overlong"]
         out: dict[str, float] = {"train/step": float(self.global_step)}
         out.update(batch.metrics)
         out.update(metrics)
@@ -647,6 +651,7 @@ class Trainer(ABC):
                     self.save_checkpoint()
         finally:
             bar.close()
+        self.warn_overlong_summary()
         if c.out_dir:
             self.save_checkpoint()
             if c.plot and self.logger is not None:
@@ -656,6 +661,19 @@ class Trainer(ABC):
         if self.logger is not None:
             self.logger.flush()
         return new
+
+    def warn_overlong_summary(self) -> None:
+        """End-of-run warning: how many actions of each agent were played empty (prompt over max_context)."""
+        from marft_algos.rollout import overlong_summary
+
+        total = int(self.counters.get("rollout/overlong_total", 0))
+        if total:
+            actions = sum(h.get("rollout/actions", 0.0) for h in self.history)
+            logging.getLogger("marft").warning(
+                "%d of %d actions overflowed max_context=%d and were played as empty actions (%s): raise max_context "
+                "or shorten the prompts (see rollout/overlong in metrics.jsonl)",
+                total, int(actions), self.config.max_context, overlong_summary(self.counters, "_total"),
+            )
 
     # ---- checkpoint hooks --------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import importlib
 import json
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,8 @@ __all__ = [
     "EnvSpec",
     "Error",
     "RegistryError",
+    "EnvArgumentError",
+    "check_arguments",
     "NameNotFound",
     "VersionNotFound",
     "registry",
@@ -63,6 +65,52 @@ class RegistryError(Error, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class EnvArgumentError(Error, TypeError):
+    """An env or task was given a keyword argument it does not take (e.g. a misspelt one).
+
+    Also a ``TypeError``, what Python raises for an unexpected keyword argument.
+    """
+
+
+def accepted_arguments(fn: Callable[..., Any], *, named_only: bool = False) -> list[str] | None:
+    """Keyword arguments ``fn`` accepts, or None when it takes ``**kwargs`` (or has no
+    signature); ``named_only``: its named ones even when it also takes ``**kwargs``."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if not named_only and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.name != "self"]
+
+
+def check_arguments(
+    what: str, fn: Callable[..., Any], given: Iterable[str], hint: str = "", also: Iterable[str] = ()
+) -> None:
+    """Raise :class:`EnvArgumentError` (one line, with a did-you-mean) when ``fn`` does not take
+    one of the keyword arguments ``given``; ``what`` names ``fn`` in the message, ``also`` are
+    names elsewhere (the env's own options) that a typo may have meant."""
+    import difflib
+
+    accepted = accepted_arguments(fn)
+    if accepted is None:
+        return
+    unknown = [k for k in given if k not in accepted]
+    if not unknown:
+        return
+    bad = unknown[0]
+    close = difflib.get_close_matches(bad, [*accepted, *also], n=1)
+    msg = f"{what} has no option {bad!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+    if len(unknown) > 1:
+        msg += f" (also unknown: {', '.join(map(repr, unknown[1:]))})"
+    msg += f"; its options: {', '.join(accepted) or '(none)'}"
+    raise EnvArgumentError(msg + (f"; {hint}" if hint else ""))
 
 
 class NameNotFound(RegistryError):
@@ -149,7 +197,9 @@ class EnvSpec:
         """Instantiate: the registered kwargs (deep-copied) updated with ``kwargs``."""
         merged = copy.deepcopy(self.kwargs)
         merged.update(kwargs)
-        return load_entry_point(self.entry_point)(**merged)
+        fn = load_entry_point(self.entry_point)
+        check_arguments(f"environment {self.id!r}", fn, kwargs)  # the caller's own (a typo), before any work
+        return fn(**merged)
 
 
 registry: dict[str, EnvSpec] = {}
