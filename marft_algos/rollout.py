@@ -39,6 +39,7 @@ _log = logging.getLogger("marft")
 
 __all__ = [
     "ContextOverflowError",
+    "component_and_route_metrics",
     "overlong_summary",
     "Transition",
     "Episode",
@@ -157,6 +158,7 @@ class Episode:
                     "tokens": t.num_tokens,
                     "finish_reason": t.finish_reason,
                     "flags": t.flags,
+                    "prompt": t.extras.get("prompt", []),
                 }
                 for t in self.transitions
             ],
@@ -240,6 +242,7 @@ class _Stepped:
     rewards: dict[str, float]
     info: dict[str, Any]
     done: bool
+    prompt: list[dict[str, str]] = field(default_factory=list)  # the messages the agent saw (transcripts)
 
 
 def _action_text(result: Any) -> str:
@@ -251,6 +254,7 @@ def _env_step(env: Any, agent: str, text: str) -> _Stepped:
     """Step ``agent`` of ``env`` with ``text``; snapshot what the record needs."""
     obs = env.observe(agent)
     turn = int(obs.get("turn", 0)) if isinstance(obs, dict) else 0
+    prompt = _prompt_messages(env, agent)
     before = dict(getattr(env, "_cumulative_rewards", {}) or {})
     env.step(text)
     # a third-party env whose rewards never reach _cumulative_rewards (or are NaN) would
@@ -261,7 +265,16 @@ def _env_step(env: Any, agent: str, text: str) -> _Stepped:
         rewards={a: float(r) for a, r in env.rewards.items()},
         info=dict(env.infos.get(agent, {}) or {}),
         done=bool(env.terminations.get(agent, False) or env.truncations.get(agent, False)),
+        prompt=prompt,
     )
+
+
+def _prompt_messages(env: Any, agent: str) -> list[dict[str, str]]:
+    """The chat messages ``agent`` sees now (JSON-safe), kept for transcripts; [] if the env has none."""
+    messages = getattr(env, "messages", None)
+    if messages is None:
+        return []
+    return [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))} for m in messages(agent)]
 
 
 class RolloutCollector:
@@ -576,6 +589,7 @@ class RolloutCollector:
             info=_json_safe({k: v for k, v in info.items() if k != "flags"}),
             trainable=trainable,
         )
+        tr.extras["prompt"] = outcome.prompt
         ep.transitions.append(tr)
         # Credit this step's rewards to each agent's latest action (the acting agent's is `tr`).
         latest: dict[str, Transition] = {t.agent: t for t in ep.transitions}
@@ -652,6 +666,7 @@ class RolloutCollector:
             for t in ep.transitions:
                 by_agent[t.agent].append(t)
         self._warn_idle(set(by_agent), len(episodes))
+        m.update(component_and_route_metrics(episodes))
         for agent in self.possible_agents:
             m[f"agent/{agent}/actions"] = float(len(by_agent.get(agent, ())))
         for agent, trs in by_agent.items():
@@ -659,6 +674,48 @@ class RolloutCollector:
             m[f"agent/{agent}/response_len"] = float(np.mean([t.num_tokens for t in trs]))
             m[f"agent/{agent}/length_stop_frac"] = float(np.mean([t.finish_reason == "length" for t in trs]))
         return m
+
+
+def component_and_route_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Reward components and route choices of a batch, for metrics.jsonl / TensorBoard.
+
+    - ``team/reward/<component>``: per-episode sum of each ``info["reward_components"]``
+      entry (outcome, format, costs, partial credit, tool components), averaged over episodes;
+    - ``agent/<a>/reward/<component>``: the same components of the grades that ``a``'s own
+      actions produced, averaged over ``a``'s actions;
+    - ``route/<from>-><to>``: the share of hops from ``from`` (an action followed by another
+      in its episode) that went to ``to`` (the executed order: fixed, DAG or routed).
+    """
+    team: dict[str, float] = defaultdict(float)
+    per_agent: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    actions: dict[str, int] = defaultdict(int)
+    hops: dict[tuple[str, str], int] = defaultdict(int)
+    for ep in episodes:
+        prev = None
+        for t in ep.transitions:
+            actions[t.agent] += 1
+            comps = t.info.get("reward_components") if isinstance(t.info, dict) else None
+            if isinstance(comps, dict):
+                for name, v in comps.items():
+                    if isinstance(v, (int, float)):
+                        team[name] += float(v)
+                        per_agent[t.agent][name] += float(v)
+            if prev is not None:
+                hops[(prev, t.agent)] += 1
+            prev = t.agent
+    out: dict[str, float] = {}
+    n = max(len(episodes), 1)
+    for name, v in team.items():
+        out[f"team/reward/{name}"] = v / n
+    for agent, comps in per_agent.items():
+        for name, v in comps.items():
+            out[f"agent/{agent}/reward/{name}"] = v / actions[agent]
+    leaving: dict[str, int] = defaultdict(int)
+    for (a, _), k in hops.items():
+        leaving[a] += k
+    for (a, b), k in hops.items():
+        out[f"route/{a}->{b}"] = k / leaving[a]
+    return out
 
 
 class ContextOverflowError(RuntimeError):

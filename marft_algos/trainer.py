@@ -620,8 +620,8 @@ class Trainer(ABC):
             if self.global_step % self.config.log_every == 0:
                 self.logger.log(self.global_step, out)
             te = self.config.transcript_every
-            if te and self.global_step % te == 0:
-                self.logger.log_transcripts(self.global_step, batch.episodes[: self.config.transcripts_per_step])
+            if te and (self.global_step % te == 0 or self.global_step == 1):  # step 1: a short run shows one early
+                self.write_transcripts(batch)
         self.last_batch = batch
         return out
 
@@ -652,6 +652,9 @@ class Trainer(ABC):
         finally:
             bar.close()
         self.warn_overlong_summary()
+        last = getattr(self, "last_batch", None)
+        if self.logger is not None and last is not None and c.transcript_every and self._transcript_step != self.global_step:
+            self.write_transcripts(last)  # every run ends with its last step's transcripts
         if c.out_dir:
             self.save_checkpoint()
             if c.plot and self.logger is not None:
@@ -661,6 +664,15 @@ class Trainer(ABC):
         if self.logger is not None:
             self.logger.flush()
         return new
+
+    _transcript_step: int = -1
+
+    def write_transcripts(self, batch: RolloutBatch) -> None:
+        """Append ``transcripts_per_step`` episodes of ``batch`` (prompts included) to transcripts.jsonl."""
+        if self.logger is None:
+            return
+        self.logger.log_transcripts(self.global_step, batch.episodes[: self.config.transcripts_per_step])
+        self._transcript_step = self.global_step
 
     def warn_overlong_summary(self) -> None:
         """End-of-run warning: how many actions of each agent were played empty (prompt over max_context)."""
