@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--strict-context", action="store_true",
                    help="stop with an error when a prompt does not fit the context (default: count and warn)")
 
-    sub.add_parser("list-envs", help="list registered environments")
+    le = sub.add_parser("list-envs", help="list registered environments (built-in, entry points, --import)")
+    le.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first, so that the envs it registers are listed (repeatable)")
     sub.add_parser("list-algos", help="list registered algorithms")
 
     lb = sub.add_parser(
@@ -242,10 +244,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list_envs() -> int:
-    """``marft list-envs``: the env registry, one id per line."""
+def cmd_list_envs(imports: list[str] | None = None) -> int:
+    """``marft list-envs``: the env registry (built-in ids, those of installed ``marft_envs``
+    entry points, and those registered by the ``--import`` modules), grouped by family."""
+    import importlib
+
     import marft_envs
 
+    marft_envs.load_plugins()
+    for module in imports or []:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            _die(f"--import {module}: {e} (is the module on PYTHONPATH or installed?)")
     marft_envs.pprint_registry()
     return 0
 
@@ -384,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             return cmd_eval(args)
         if args.command == "list-envs":
-            return cmd_list_envs()
+            return cmd_list_envs(args.imports)
         if args.command == "list-algos":
             return cmd_list_algos()
         if args.command == "leaderboard":

@@ -18,6 +18,7 @@ from marft_envs.registration import (
     NameNotFound,
     RegistryError,
     VersionNotFound,
+    load_plugins,
     make,
     pprint_registry,
     register,
@@ -33,6 +34,7 @@ from marft_envs.topology import DAG, Chain, Independent, Routed, Topology, Topol
 __version__ = "0.1.0"
 
 __all__ = [
+    "load_plugins",
     "AgentProfile",
     "Chain",
     "DAG",

@@ -46,6 +46,8 @@ __all__ = [
     "spec",
     "make",
     "pprint_registry",
+    "load_plugins",
+    "ENTRY_POINT_GROUP",
     "parse_env_id",
     "PETTINGZOO_NAMESPACE",
 ]
@@ -269,6 +271,42 @@ def _not_found(env_id: str) -> RegistryError:
     )
 
 
+#: The entry-point group third-party packages use to register their envs (see docs/environments).
+ENTRY_POINT_GROUP = "marft_envs"
+_plugins_loaded = False
+
+
+def load_plugins(*, force: bool = False) -> list[str]:
+    """Load every ``marft_envs`` entry point of the installed packages; returns their names.
+
+    A package declares, in its ``pyproject.toml``::
+
+        [project.entry-points.marft_envs]
+        my_envs = "my_package.envs"            # a module whose import registers its envs
+        more = "my_package.envs:register_all"  # or a function that registers them
+
+    A module is imported, a callable is called with no arguments. Loaded once per process
+    (``force`` loads again); :func:`spec` loads them before reporting an unknown id.
+    A failing plugin is an :class:`Error` naming it.
+    """
+    global _plugins_loaded
+    if _plugins_loaded and not force:
+        return []
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    names = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj):
+                obj()
+        except Exception as e:
+            raise Error(f"the {ENTRY_POINT_GROUP} entry point {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}") from e
+        names.append(ep.name)
+    return names
+
+
 def spec(env_id: str) -> EnvSpec:
     """The :class:`EnvSpec` of ``env_id`` (``"pkg.module:id"`` imports ``pkg.module`` first).
 
@@ -291,6 +329,8 @@ def spec(env_id: str) -> EnvSpec:
             latest = versions[-1]
             warnings.warn(f"using the latest version {latest.id!r} for the unversioned id {env_id!r}", stacklevel=3)
             return latest
+    if not _plugins_loaded and load_plugins():  # an id of an installed plugin package
+        return spec(env_id)
     raise _not_found(env_id)
 
 
