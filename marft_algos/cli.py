@@ -76,8 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--greedy", action="store_true", help="greedy decoding instead of the eval sampling settings")
     e.add_argument("--seed", type=int, default=1234)
     e.add_argument("--json", dest="json_out", help="also write the result as JSON here")
+    e.add_argument("--strict-context", action="store_true",
+                   help="stop with an error when a prompt does not fit the context (default: count and warn)")
 
-    sub.add_parser("list-envs", help="list registered environments")
+    le = sub.add_parser("list-envs", help="list registered environments (built-in, entry points, --import)")
+    le.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first, so that the envs it registers are listed (repeatable)")
     sub.add_parser("list-algos", help="list registered algorithms")
 
     lb = sub.add_parser(
@@ -307,7 +311,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _die(f"--start-index must be >= 0, got {args.start_index}")
     if args.env:
         _check_env(args.env)
-    kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed)
+    kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed,
+                  strict_context=args.strict_context)
     if args.checkpoint:
         result = evaluate_checkpoint(args.checkpoint, args.env, **kwargs)
     else:
@@ -323,10 +328,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list_envs() -> int:
-    """``marft list-envs``: the env registry, one id per line."""
+def cmd_list_envs(imports: list[str] | None = None) -> int:
+    """``marft list-envs``: the env registry (built-in ids, those of installed ``marft_envs``
+    entry points, and those registered by the ``--import`` modules), grouped by family."""
+    import importlib
+
     import marft_envs
 
+    marft_envs.load_plugins()
+    for module in imports or []:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            _die(f"--import {module}: {e} (is the module on PYTHONPATH or installed?)")
     marft_envs.pprint_registry()
     return 0
 
@@ -439,10 +453,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.evaluation.errors import EvaluationError
     from marft_algos.logging import LogFileError
     from marft_algos.registry import UnknownAlgorithmError
+    from marft_algos.rollout import ContextOverflowError
     from marft_algos.rundir import RunDirError
 
     errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError,
-                                       RunDirError, LogFileError]
+                                       RunDirError, LogFileError, ContextOverflowError]
     try:
         from marft_algos.models.aliases import UnknownModelError
 
@@ -479,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             return cmd_eval(args)
         if args.command == "list-envs":
-            return cmd_list_envs()
+            return cmd_list_envs(args.imports)
         if args.command == "list-algos":
             return cmd_list_algos()
         if args.command == "leaderboard":

@@ -280,6 +280,7 @@ class TrainConfig(metaclass=_ConfigMeta):
     activation_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward pass instead of storing its activations: a training step's memory stops growing with tokens x layers (about one more forward of cost; training forwards then skip prefix sharing)."})
     release_freed_memory: bool = field(default=False, metadata={"help": "CPU/glibc: pin malloc's mmap and trim thresholds at 128 KiB so memory freed between the phases of a step goes back to the OS (lower peak RSS, slower steps; process-wide; see marft_algos.memory)."})
     max_context: int = field(default=2048, metadata={"help": "Max prompt+response tokens; longer prompts are counted (rollout/overlong) and not trained on."})
+    strict_context: bool = field(default=False, metadata={"help": "Stop the run with an error when an agent's prompt does not fit max_context (default: warn once, play an empty action, count it in rollout/overlong)."})
     sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {temperature, top_p, max_new_tokens, stop}} over the profile's train sampling."})
     eval_sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {...}} over the profile's eval sampling."})
     # --- optimisation ------------------------------------------------------------
@@ -287,6 +288,7 @@ class TrainConfig(metaclass=_ConfigMeta):
     max_minutes: float | None = field(default=None, metadata={"help": "Stop after this many minutes of training (checked between steps)."})
     lr: float = field(default=1e-5, metadata={"help": "Learning rate of every agent's policy parameters."})
     lr_per_agent: dict[str, float] = field(default_factory=dict, metadata={"help": "{agent: lr} overriding `lr` per agent."})
+    frozen_agents: list[str] = field(default_factory=list, metadata={"help": "Agents that act but are never trained: no optimizer, no update, their adapters stay exactly as loaded (the critic still learns from their data)."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
     lr_scheduler: str = field(default="constant", metadata={"help": "'constant' or 'linear' decay to 0 at `steps`, both after `warmup_steps`."})
@@ -314,6 +316,7 @@ class TrainConfig(metaclass=_ConfigMeta):
         "sampling_overrides",
         "eval_sampling_overrides",
         "lr_per_agent",
+        "frozen_agents",
     )
 
     #: renamed settings still accepted for one release: {old name: (new name, value converter)}
@@ -329,6 +332,13 @@ class TrainConfig(metaclass=_ConfigMeta):
                 _check(not unknown, f"unknown {name} settings {unknown}; valid: {sorted(valid)}")
                 object.__setattr__(self, name, part(**data))
             _check_field_types(getattr(self, name), prefix=f"{name}.")
+        if isinstance(self.frozen_agents, str):  # --frozen-agents writer,critic
+            self.frozen_agents = [a.strip() for a in self.frozen_agents.split(",") if a.strip()]
+        _check(
+            isinstance(self.frozen_agents, (list, tuple)) and all(isinstance(a, str) for a in self.frozen_agents),
+            f"frozen_agents must be a list of agent names, got {self.frozen_agents!r}",
+        )
+        self.frozen_agents = list(self.frozen_agents)
         _check_field_types(self)
         for agent, lr in self.lr_per_agent.items():
             _check_type(f"lr_per_agent[{agent!r}]", lr, float)
@@ -343,9 +353,11 @@ class TrainConfig(metaclass=_ConfigMeta):
         _check(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}")
         _check(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
         _check(self.mode in ("lora", "shared", "full"), f"mode must be 'lora', 'shared' or 'full', got {self.mode!r}")
-        _check(self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive finite number, got {self.lr}")
+        _check(self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive finite number, got {self.lr}"
+               + ("; to keep agents fixed, list them in frozen_agents" if self.lr == 0 else ""))
         for agent, lr in self.lr_per_agent.items():
-            _check(lr > 0 and math.isfinite(lr), f"lr_per_agent[{agent!r}] must be positive, got {lr}")
+            _check(lr > 0 and math.isfinite(lr), f"lr_per_agent[{agent!r}] must be positive, got {lr}"
+                   + ("; to keep an agent fixed, list it in frozen_agents" if lr == 0 else ""))
         _check(self.lr_scheduler in ("constant", "linear"), f"lr_scheduler must be 'constant' or 'linear', got {self.lr_scheduler!r}")
         _check(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
         _check(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
@@ -412,10 +424,20 @@ class TrainConfig(metaclass=_ConfigMeta):
     # --- helpers -----------------------------------------------------------------
     def check_agents(self, agents: list[str] | tuple[str, ...]) -> None:
         """Reject per-agent settings that name agents the environment does not have."""
+        internal = [a for a in agents if str(a).startswith("__")]
+        _check(
+            not internal,
+            f"agent names {internal} start with '__', the namespace of the trainers' internal optimizers and "
+            "adapters (the critic, value heads): rename these roles",
+        )
         known = set(agents)
         for name in self.per_agent_fields:
             unknown = sorted(set(getattr(self, name)) - known)
             _check(not unknown, f"{name} names unknown agents {unknown}; the environment's agents are {list(agents)}")
+        _check(
+            not known <= set(self.frozen_agents),
+            f"frozen_agents {sorted(self.frozen_agents)} freezes the whole team: nothing would be trained",
+        )
 
     def agent_lr(self, agent: str) -> float:
         """The learning rate of ``agent``'s policy (``lr_per_agent`` over ``lr``)."""

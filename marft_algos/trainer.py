@@ -15,9 +15,10 @@ Extension points for subclasses (e.g. action-/token-level MARFT with a critic):
 
 - :meth:`setup` builds extra modules (critic, value heads) after the policy exists.
 - :meth:`build_optimizers` / :meth:`build_schedulers` return dicts keyed by name
-  (policy optimizers are keyed by agent; add e.g. ``"critic"``).
+  (policy optimizers are keyed by agent; internal ones take a key in the reserved
+  ``__`` namespace, e.g. :data:`CRITIC_KEY`, so that no role can collide with them).
 - :meth:`optimizer_keys` says which optimizers one agent's minibatch steps
-  (default: that agent's; IPPO adds ``"value/<agent>"``).
+  (default: that agent's; IPPO adds :func:`value_key` of the agent).
 - :meth:`update_agents` says which agents update at this step and in which order
   (agent-by-agent schedules override it).
 - :meth:`prepare_update` runs once per batch before the epochs (old / reference
@@ -56,9 +57,36 @@ from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 # home and their __all__ are marft_algos.registry and marft_algos.seeding)
 __all__ = [
     "Trainer",
+    "CRITIC_KEY",
+    "value_key",
     "pad_sequences",
     "make_policy",
 ]
+
+
+#: Prefix of every internal optimizer/scheduler key (the critic's, IPPO's value heads): policy
+#: optimizers are keyed by role, and roles may not start with it (see TrainConfig.check_agents),
+#: so a role named "critic" or "value" never shares a key with the value model.
+INTERNAL_KEY_PREFIX = "__"
+#: The MARFT critic's optimizer/scheduler key.
+CRITIC_KEY = "__critic__"
+
+
+def value_key(agent: str) -> str:
+    """IPPO's optimizer key of ``agent``'s value head (internal namespace, never a role)."""
+    return f"__value__/{agent}"
+
+
+def metric_prefix(key: str, agent: str) -> str:
+    """Metric namespace of optimizer ``key`` stepped on ``agent``'s minibatch:
+    ``agent/<agent>`` for its policy, ``critic`` / ``value/<agent>`` for internal ones."""
+    if key == agent:
+        return f"agent/{agent}"
+    return key.replace("__", "") if key.startswith(INTERNAL_KEY_PREFIX) else key
+
+
+# Keys older checkpoints used for the internal optimizers.
+_LEGACY_KEYS = {"critic": CRITIC_KEY}
 
 
 def _discover() -> None:
@@ -128,7 +156,7 @@ class Trainer(ABC):
 
     Attributes:
         agents: the env's ``possible_agents`` (= policy roles).
-        optimizers / schedulers: dicts keyed by name (an agent, or e.g. ``"value/<agent>"``).
+        optimizers / schedulers: dicts keyed by name (an agent, or an internal key such as :data:`CRITIC_KEY`).
         global_step: completed training steps.
         counters: cumulative counters (``train/nonfinite_skips``, ``rollout/verifier_timeouts``, ...).
         history: the metrics dict of every step.
@@ -200,6 +228,7 @@ class Trainer(ABC):
             mode="train",
             sampling_overrides=c.sampling_overrides,
             max_context=c.max_context,
+            strict_context=c.strict_context,
         )
 
     def build_policy(self) -> Any:
@@ -231,14 +260,15 @@ class Trainer(ABC):
         """Hook: build extra modules (value heads, critic) before optimizers are built."""
 
     def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """One AdamW per agent over that agent's trainable parameters.
+        """One AdamW per agent over that agent's trainable parameters (none for frozen agents).
 
         Agents that share parameters (mode="shared") share one optimizer object.
         """
         c = self.config
         optimizers: dict[str, torch.optim.Optimizer] = {}
         by_params: dict[tuple[int, ...], torch.optim.Optimizer] = {}
-        for agent in self.agents:
+        self.check_frozen_apart()
+        for agent in self.trainable_agents():
             params = list(self.policy.trainable_parameters(agent))
             if not params:
                 raise RuntimeError(f"agent {agent!r} has no trainable parameters")
@@ -247,6 +277,25 @@ class Trainer(ABC):
                 by_params[key] = torch.optim.AdamW(params, lr=c.agent_lr(agent), weight_decay=c.weight_decay, eps=c.adam_eps)
             optimizers[agent] = by_params[key]
         return optimizers
+
+    def trainable_agents(self) -> list[str]:
+        """The agents whose policy is trained: all but ``config.frozen_agents``, in team order."""
+        frozen = set(self.config.frozen_agents)
+        return [a for a in self.agents if a not in frozen]
+
+    def check_frozen_apart(self) -> None:
+        """A frozen agent must not share parameters with a trained one (mode="shared", one
+        adapter named by two profiles): the trained agent's steps would move it too."""
+        frozen = [a for a in self.agents if a in set(self.config.frozen_agents)]
+        if not frozen:
+            return
+        trained = {id(p) for a in self.trainable_agents() for p in self.policy.trainable_parameters(a)}
+        shared = [a for a in frozen if any(id(p) in trained for p in self.policy.trainable_parameters(a))]
+        if shared:
+            raise ConfigError(
+                f"frozen_agents {shared} share their parameters with trained agents (mode={self.config.mode!r} or "
+                "profiles naming one adapter): give each agent its own adapter (mode='lora') to freeze some of them"
+            )
 
     def build_schedulers(self) -> dict[str, torch.optim.lr_scheduler.LRScheduler]:
         """One LambdaLR (warm-up, then constant or linear decay) per distinct optimizer."""
@@ -296,9 +345,9 @@ class Trainer(ABC):
         return AgentBuffer.from_transitions(agent, transitions)
 
     def update_agents(self, batch: RolloutBatch) -> list[str]:
-        """Agents updated at this step, in order (default: all agents with data)."""
+        """Agents updated at this step, in order (default: all trained agents with data)."""
         present = set(batch.agents)
-        return [a for a in self.agents if a in present]
+        return [a for a in self.trainable_agents() if a in present]
 
     def optimizer_keys(self, agent: str) -> list[str]:
         """Optimizers stepped by one minibatch of ``agent`` (extend for value heads / critic)."""
@@ -390,8 +439,7 @@ class Trainer(ABC):
         total = loss + extra if extra is not None else loss
         ok, grad_norms = self.optimizer_step(agent, total, metrics)
         for name, gn in grad_norms.items():
-            prefix = f"agent/{agent}" if name == agent else name
-            metrics[f"{prefix}/grad_norm"] = gn
+            metrics[f"{metric_prefix(name, agent)}/grad_norm"] = gn
         metrics[f"agent/{agent}/loss"] = float(total.detach()) if torch.isfinite(total.detach()) else float("nan")
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
@@ -548,6 +596,9 @@ class Trainer(ABC):
         self.global_step += 1
         for key in ("rollout/verifier_timeouts", "rollout/overlong"):
             self.counters[key + "_total"] += batch.metrics.get(key, 0.0)
+        for agent in self.agents:  # per agent, for the end-of-run summary
+            if batch.metrics.get(f"agent/{agent}/overlong"):
+                self.counters[f"agent/{agent}/overlong_total"] += batch.metrics[f"agent/{agent}/overlong"]
         out: dict[str, float] = {"train/step": float(self.global_step)}
         out.update(batch.metrics)
         out.update(metrics)
@@ -565,8 +616,8 @@ class Trainer(ABC):
             if self.global_step % self.config.log_every == 0:
                 self.logger.log(self.global_step, out)
             te = self.config.transcript_every
-            if te and self.global_step % te == 0:
-                self.logger.log_transcripts(self.global_step, batch.episodes[: self.config.transcripts_per_step])
+            if te and (self.global_step % te == 0 or self.global_step == 1):  # step 1: a short run shows one early
+                self.write_transcripts(batch)
         self.last_batch = batch
         return out
 
@@ -618,6 +669,10 @@ class Trainer(ABC):
                     self.save_checkpoint()
         finally:
             bar.close()
+        self.warn_overlong_summary()
+        last = getattr(self, "last_batch", None)
+        if self.logger is not None and last is not None and c.transcript_every and self._transcript_step != self.global_step:
+            self.write_transcripts(last)  # every run ends with its last step's transcripts
         if c.out_dir:
             self.save_checkpoint()
             if c.plot and self.logger is not None:
@@ -627,6 +682,28 @@ class Trainer(ABC):
         if self.logger is not None:
             self.logger.flush()
         return new
+
+    _transcript_step: int = -1
+
+    def write_transcripts(self, batch: RolloutBatch) -> None:
+        """Append ``transcripts_per_step`` episodes of ``batch`` (prompts included) to transcripts.jsonl."""
+        if self.logger is None:
+            return
+        self.logger.log_transcripts(self.global_step, batch.episodes[: self.config.transcripts_per_step])
+        self._transcript_step = self.global_step
+
+    def warn_overlong_summary(self) -> None:
+        """End-of-run warning: how many actions of each agent were played empty (prompt over max_context)."""
+        from marft_algos.rollout import overlong_summary
+
+        total = int(self.counters.get("rollout/overlong_total", 0))
+        if total:
+            actions = sum(h.get("rollout/actions", 0.0) for h in self.history)
+            logging.getLogger("marft").warning(
+                "%d of %d actions overflowed max_context=%d and were played as empty actions (%s): raise max_context "
+                "or shorten the prompts (see rollout/overlong in metrics.jsonl)",
+                total, int(actions), self.config.max_context, overlong_summary(self.counters, "_total"),
+            )
 
     # ---- checkpoint hooks --------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -667,12 +744,14 @@ class Trainer(ABC):
         if "optimizers" in chosen:
             self.optimizer_steps = defaultdict(int, state.get("optimizer_steps", {}))
             for k, s in state["optimizers"].items():
+                k = self._current_key(k)
                 if k in self.optimizers and "alias_of" not in s:
                     self.optimizers[k].load_state_dict(s)
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
         if "schedulers" in chosen:
             for k, s in state["schedulers"].items():
+                k = self._current_key(k)
                 if k in self.schedulers:
                     self.schedulers[k].load_state_dict(s)
         if "data" in chosen:
@@ -680,6 +759,16 @@ class Trainer(ABC):
         if "rng" in chosen:
             self.np_rng.bit_generator.state = state["np_rng"]
             set_rng_state(state["rng"])
+
+    def _current_key(self, key: str) -> str:
+        """An optimizer key of an older checkpoint (``critic``, ``value/<a>``) in today's namespace."""
+        if key in self.agents:
+            return key
+        if key in _LEGACY_KEYS:
+            return _LEGACY_KEYS[key]
+        if key.startswith("value/") and key[len("value/"):] in self.agents:
+            return value_key(key[len("value/"):])
+        return key
 
     def save_checkpoint(self, root: str | Path | None = None) -> Path:
         """Atomic checkpoint under ``<out_dir>/checkpoints`` (see :mod:`marft_algos.checkpoint`)."""

@@ -12,7 +12,7 @@ agent's own transitions of an episode, in order, with no chaining across agents
 ``r_k`` is the team reward of the turn of action k (``reward_source="team"``, the
 default) or the reward credited to the agent for action k (``reward_source="agent"``). The loss per agent is the PPO clipped surrogate
 (+ optional entropy bonus and KL to the reference) plus ``vf_coef`` times the value
-loss of that agent's head; the head has its own optimizer (``value/<agent>``).
+loss of that agent's head; the head has its own optimizer (``__value__/<agent>``, metrics ``value/<agent>/...``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from marft_algos.config import (
 )
 from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import Trainer
+from marft_algos.trainer import Trainer, value_key
 
 __all__ = ["IPPOConfig", "IPPOTrainer"]
 
@@ -104,15 +104,15 @@ class IPPOTrainer(Trainer):
         return [p for p in vm.heads[agent].parameters() if p.requires_grad]
 
     def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """The policy optimizers plus one AdamW per value head (``value/<agent>``)."""
+        """The policy optimizers plus one AdamW per value head (:func:`~marft_algos.trainer.value_key`)."""
         opts = super().build_optimizers()
         for agent in self.agents:
-            opts[f"value/{agent}"] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.critic_lr, eps=self.config.adam_eps)
+            opts[value_key(agent)] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.critic_lr, eps=self.config.adam_eps)
         return opts
 
     def optimizer_keys(self, agent: str) -> list[str]:
         """An agent's minibatch steps its policy and its own value head."""
-        return [agent, f"value/{agent}"]
+        return [agent, value_key(agent)]
 
     # ---- values and advantages --------------------------------------------------------
     def values_of(self, agent: str, prompts: list[list[int]]) -> torch.Tensor:

@@ -30,7 +30,7 @@ from marft_algos.config import (
     check_normalization,
 )
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import Trainer
+from marft_algos.trainer import CRITIC_KEY, Trainer
 
 __all__ = ["MARFTConfig", "MARFTTrainerBase"]
 
@@ -107,7 +107,8 @@ class MARFTTrainerBase(Trainer):
         self.lr_scale = 1.0
         super().__init__(config, **kwargs)
         if config.agent_by_agent:
-            shared = [a for a in self.agents if any(b != a and self.optimizers[b] is self.optimizers[a] for b in self.agents)]
+            trained = self.trainable_agents()
+            shared = [a for a in trained if any(b != a and self.optimizers[b] is self.optimizers[a] for b in trained)]
             if shared:
                 raise ConfigError(
                     f"agent_by_agent needs separate parameters per agent, but {shared} share theirs (mode={config.mode!r} or "
@@ -128,9 +129,9 @@ class MARFTTrainerBase(Trainer):
         self.critic = Critic(self.policy, self.agents, per_agent=c.critic_per_agent, lora=c.critic_lora, value_model=self._value_model_arg)
 
     def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """The policy optimizers plus the critic's (``"critic"``), at the current rollback lr scale."""
+        """The policy optimizers plus the critic's (:data:`~marft_algos.trainer.CRITIC_KEY`), at the current rollback lr scale."""
         opts = super().build_optimizers()
-        opts["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=self.config.critic_lr * self.lr_scale, eps=self.config.adam_eps)
+        opts[CRITIC_KEY] = torch.optim.AdamW(self.critic.parameters(), lr=self.config.critic_lr * self.lr_scale, eps=self.config.adam_eps)
         return opts
 
     def optimizer_keys(self, agent: str) -> list[str]:
@@ -149,12 +150,18 @@ class MARFTTrainerBase(Trainer):
         """
         c = self.config
         k = self.global_step if step is None else step
-        pool = [a for a in self.agents if present is None or a in present]
+        # frozen agents never step their policy
+        pool = [a for a in self.trainable_agents() if present is None or a in present]
         if k < c.critic_warmup_steps or not pool:
             return []
         if not c.agent_by_agent:
             return pool
         return [pool[((k - c.critic_warmup_steps) // c.agent_interval) % len(pool)]]
+
+    def update_agents(self, batch: RolloutBatch) -> list[str]:
+        """Every agent with data, frozen ones included: the critic learns from all actions."""
+        present = set(batch.agents)
+        return [a for a in self.agents if a in present]
 
     def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
         # no policy update at this step (critic warm-up): no old/reference log-probs needed
@@ -198,13 +205,13 @@ class MARFTTrainerBase(Trainer):
     def critic_step(self, agent: str, mb: list[Transition]) -> dict[str, float]:
         """One guarded critic optimizer step on ``agent``'s minibatch (never vetoed by the KL cut)."""
         loss, metrics = self.critic_loss(agent, mb)
-        self._step_keys = ["critic"]
+        self._step_keys = [CRITIC_KEY]
         try:
             ok, norms = self.optimizer_step(agent, self.config.vf_coef * loss, metrics)
         finally:
             self._step_keys = None
-        if "critic" in norms:
-            metrics["critic/grad_norm"] = norms["critic"]
+        if CRITIC_KEY in norms:
+            metrics["critic/grad_norm"] = norms[CRITIC_KEY]
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
     def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
