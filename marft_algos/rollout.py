@@ -122,8 +122,10 @@ class Episode:
         return [t for t in self.transitions if t.agent == agent]
 
     def agent_return(self, agent: str) -> float:
-        """The sum of ``agent``'s own rewards in this episode."""
-        return float(sum(t.reward for t in self.transitions if t.agent == agent))
+        """The sum of the rewards credited to ``agent``'s actions in this episode
+        (``credited_reward``: also what other agents' steps gave it, e.g. a game's -1 to the
+        loser, which arrives on the winner's move)."""
+        return float(sum(t.credited_reward for t in self.transitions if t.agent == agent))
 
     @property
     def num_tokens(self) -> int:

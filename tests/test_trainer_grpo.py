@@ -64,6 +64,7 @@ def test_agentwise_normalization_uses_agent_statistics(trainer):
     for ep in batch.episodes:
         sp, li = ep.transitions
         sp.reward, li.reward = 10.0 * ep.team_return, ep.team_return + 0.5 * (ep.episode_id % 2 == 0)
+        sp.credited_reward, li.credited_reward = sp.reward, li.reward
     trainer.config.reward_source, trainer.config.normalize_advantages = "agent", "agent"
     try:
         trainer.compute_advantages(batch)
@@ -100,7 +101,7 @@ def test_dynamic_sampling_judges_groups_by_the_rewards_the_advantages_use(monkey
     t = make(num_envs=4, group_size=2, dynamic_sampling=True, max_resample_tries=1, reward_source="agent")
     first = batch_from_returns([[0.0, 0.0], [1.0, 0.0]])
     # group 0: equal team returns, but the speaker's own rewards differ: signal, kept
-    first.episodes[0].transitions[0].reward = 1.0
+    first.episodes[0].transitions[0].reward = first.episodes[0].transitions[0].credited_reward = 1.0
     # group 1: team returns differ, but every agent's own rewards are equal (all 0): dropped
     rounds = iter([first, batch_from_returns([[0.0, 0.0]])])
 
