@@ -47,8 +47,10 @@ __all__ = [
     "MARFTTokenConfig",
     "MARFTTokenTrainer",
     "MetricsLogger",
+    "OpponentPool",
     "RolloutBatch",
     "RolloutCollector",
+    "SelfPlaySettings",
     "TrainConfig",
     "Trainer",
     "Transition",
@@ -62,6 +64,7 @@ __all__ = [
     "register_algorithm",
     "save_checkpoint",
     "seed_everything",
+    "selfplay_trainer",
 ]
 
 _LAZY = {
@@ -74,6 +77,9 @@ _LAZY = {
     "MARFTTokenTrainer": "marft_algos.algos.marft_token",
     "EvalResult": "marft_algos.evaluation",
     "evaluate": "marft_algos.evaluation",
+    "OpponentPool": "marft_algos.selfplay",
+    "SelfPlaySettings": "marft_algos.selfplay",
+    "selfplay_trainer": "marft_algos.selfplay",
 }
 
 
