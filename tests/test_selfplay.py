@@ -22,7 +22,7 @@ from marft_algos.evaluation.games import evaluate_vs_opponent, outcome_rates  # 
 from marft_algos.evaluation.report import wilson_interval  # noqa: E402
 from marft_algos.rollout import Episode, RolloutBatch, Transition  # noqa: E402
 from marft_algos.selfplay import OpponentPool, SelfPlaySettings, selfplay_trainer  # noqa: E402
-from marft_envs.games import FixedPlayer, NimEnv, OptimalNimPlayer, match_outcomes  # noqa: E402
+from marft_envs.games import FixedPlayer, NimEnv, OptimalNimPlayer, RandomPlayer, match_outcomes  # noqa: E402
 
 NIM = {"piles": [5, 9], "on_invalid": "default"}  # every game lasts >= 2 moves: both seats act
 
@@ -74,6 +74,19 @@ def test_grpo_turn_estimator_through_the_trainer():
     p0 = [tr.advantage for tr in batch.transitions if tr.agent == "player_0"]
     np.testing.assert_allclose(p0, np.array([0.5, 1.0, -0.5, -1.0]) / np.sqrt(0.625), atol=1e-5)
     assert [tr.advantage for tr in batch.transitions if tr.agent == "player_1"] == pytest.approx([-1.0, 1.0], abs=1e-5)
+
+
+def test_ippo_turn_estimator_is_mars_over_the_batch():
+    t = IPPOTrainer(nim_config(IPPOConfig, advantage_estimator="turn", gamma=0.5, normalize_advantages="agent"),
+                    policy=digit_policy(mode="shared"))
+    ep = Episode(episode_id=0, group_id=0, seed=0)
+    for k, (agent, r) in enumerate([("player_0", 1.0), ("player_1", 3.0), ("player_0", 0.0), ("player_1", -1.0), ("player_0", 2.0)]):
+        ep.transitions.append(Transition(0, 0, k, k, agent, [1], [2], [-1.0], credited_reward=r, value=0.0))
+    batch = RolloutBatch(episodes=[ep])
+    t.compute_advantages(batch)
+    s = np.sqrt(1 / 6)  # the closed form of test_turn_level_advantages_closed_form
+    np.testing.assert_allclose([tr.advantage for tr in batch.transitions], [0.0, 1.0, -0.5 / s, -1.0, 0.5 / s], atol=1e-5)
+    assert [tr.returns for tr in batch.transitions] == [1.5, 2.5, 1.0, -1.0, 2.0]  # the value heads' targets
 
 
 # ---------------------------------------------------------------- per-agent rewards
@@ -176,3 +189,26 @@ def test_opponent_pool_round_trips_through_checkpoints(tmp_path):
     for (_, a), (_, b) in zip(pool_at_save, resumed.pool.snapshots, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert [resumed.train_step()["selfplay/opponent_step"] for _ in range(3)] == after
+
+
+# ---------------------------------------------------------------- learning
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_selfplay_improves_win_rate_against_a_fixed_opponent():
+    """One adapter plays both Nim seats and trains by self-play (GRPO, own rewards, per-agent
+    statistics); greedy, in both seats, it then beats a fixed random player more often than before."""
+    torch.set_num_threads(2)
+    nim = {"piles": [5, 8], "on_invalid": "default"}
+    t = GRPOTrainer(nim_config(env_kwargs=nim, num_envs=16, group_size=4, lr=0.05, seed=0, normalize_advantages="agent"),
+                    policy=digit_policy(mode="shared"))
+
+    def win_rate() -> float:
+        report = evaluate_vs_opponent(t.policy, lambda: NimEnv(split="test", **nim), RandomPlayer(1), n=32,
+                                      sampling={"max_new_tokens": 1})
+        return report["overall"]["win_rate"]
+
+    before = win_rate()
+    for _ in range(20):
+        t.train_step()
+    after = win_rate()
+    assert after >= before + 0.15, (before, after)
