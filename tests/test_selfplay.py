@@ -104,6 +104,13 @@ def test_reward_source_auto_picks_agent_for_games_and_team_for_team_envs(caplog)
     assert GRPOTrainer(nim_config(), policy=digit_policy(mode="shared")).reward_source == "agent"
 
 
+def test_marft_refuses_games():
+    from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer
+
+    with pytest.raises(ConfigError, match="own reward"):
+        MARFTActionTrainer(nim_config(MARFTActionConfig), policy=digit_policy(mode="shared"))
+
+
 def test_zero_sum_per_agent_returns_sum_to_zero():
     """One agent's gain is the other's loss: the returns the advantages use sum to 0 in every game."""
     t = GRPOTrainer(nim_config(num_envs=8, normalize_advantages="agent"), policy=digit_policy(mode="shared"))
