@@ -103,28 +103,42 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     low, high = (int(x) for x in args.piles.split(","))
     nim_kwargs = {"piles": [low, high]}
     rows: list[dict[str, Any]] = []
+    start = time.time()
 
     t = GRPOTrainer(_config(args, "game-nim-v0", nim_kwargs, ["player_0", "player_1"], args.steps, out / "nim"))
     rows += _game_rows(t.policy, args, nim_kwargs, "untrained", 0, 0.0)  # LoRA B = 0: the base model
+    _stage(out, args, rows, "nim untrained", start)
     if args.steps > 0:
         t0 = time.time()
         t.train(steps=args.steps)
         rows += _game_rows(t.policy, args, nim_kwargs, "self-play GRPO", args.steps, time.time() - t0)
+        _stage(out, args, rows, "nim trained", start)
     del t
 
     d = GRPOTrainer(_config(args, "dialogue-doctor-v0", {}, ["doctor"], args.dialogue_steps, out / "dialogue"))
     rows.append(_dialogue_row(d.policy, args, "untrained", 0, 0.0))
+    _stage(out, args, rows, "dialogue untrained", start)
     if args.dialogue_steps > 0:
         t0 = time.time()
         d.train(steps=args.dialogue_steps)
         rows.append(_dialogue_row(d.policy, args, "GRPO", args.dialogue_steps, time.time() - t0))
 
+    _write(out, args, rows)
+    print(markdown_table([{k: r.get(k, "") for k in COLUMNS} for r in rows], COLUMNS))
+    return rows
+
+
+def _write(out: Path, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """games.csv / .json / .md with the rows so far (rewritten after every stage)."""
     table = [{k: r.get(k, "") for k in COLUMNS} for r in rows]
     write_csv(out / "games.csv", table, COLUMNS)
     write_json(out / "games.json", {"args": vars(args), "rows": table, "versions": versions()})
     (out / "games.md").write_text(markdown_table(table, COLUMNS) + "\n")
-    print(markdown_table(table, COLUMNS))
-    return rows
+
+
+def _stage(out: Path, args: argparse.Namespace, rows: list[dict[str, Any]], what: str, t0: float) -> None:
+    _write(out, args, rows)
+    print(f"[games] {what} done at {time.time() - t0:.0f} s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
