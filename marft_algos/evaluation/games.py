@@ -137,10 +137,8 @@ def evaluate_vs_opponent(
 
     Returns ``{"seats": {seat: rates}, "overall": rates, "rows": [...]}`` where rates are
     :func:`outcome_rates` plus ``invalid_moves`` (the mean per game), and ``rows`` are
-    flat dicts with :data:`GAME_COLUMNS` (one per seat, then ``"all"``).
-
-    Example: a scripted "policy" (any object with the policy's ``encode`` / ``generate``)
-    is not needed to see the shape; see ``tests/test_selfplay.py`` for a model run.
+    flat dicts with :data:`GAME_COLUMNS` (one per seat, then ``"all"``). ``policy`` is a
+    ``TeamPolicy`` (or any object with its ``encode`` / ``generate``).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
