@@ -46,8 +46,10 @@ __all__ = [
     "MARFTTokenConfig",
     "MARFTTokenTrainer",
     "MetricsLogger",
+    "OpponentPool",
     "RolloutBatch",
     "RolloutCollector",
+    "SelfPlaySettings",
     "TrainConfig",
     "Trainer",
     "Transition",
@@ -61,6 +63,7 @@ __all__ = [
     "register_algorithm",
     "save_checkpoint",
     "seed_everything",
+    "selfplay_trainer",
 ]
 
 _LAZY = {
@@ -75,6 +78,9 @@ _LAZY = {
     "MARFTTokenTrainer": "marft_algos.algos.marft_token",
     "EvalResult": "marft_algos.evaluation",
     "evaluate": "marft_algos.evaluation",
+    "OpponentPool": "marft_algos.selfplay",
+    "SelfPlaySettings": "marft_algos.selfplay",
+    "selfplay_trainer": "marft_algos.selfplay",
 }
 
 # algorithm and evaluation modules import the model stack: they load on first use

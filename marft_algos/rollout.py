@@ -134,9 +134,9 @@ class Episode:
         return [t for t in self.transitions if t.agent == agent]
 
     def agent_return(self, agent: str) -> float:
-        """The sum of the rewards credited to ``agent`` in this episode (PettingZoo's
-        cumulative rewards: a team reward given to all agents counts for each of them,
-        not only for the agent whose step produced it)."""
+        """The sum of the rewards credited to ``agent``'s actions in this episode
+        (``credited_reward``: also what other agents' steps gave it, e.g. a game's -1 to the
+        loser, which arrives on the winner's move)."""
         return float(sum(t.credited_reward for t in self.transitions if t.agent == agent))
 
     @property

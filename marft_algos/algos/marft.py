@@ -114,6 +114,14 @@ class MARFTTrainerBase(Trainer):
                     f"agent_by_agent needs separate parameters per agent, but {shared} share theirs (mode={config.mode!r} or "
                     "profiles naming one adapter): a step on one agent's data would move the others too"
                 )
+        from marft_algos.reward_source import env_has_team_reward
+
+        if not env_has_team_reward(self.collector.envs[0]):  # one value chain = one shared return
+            raise ConfigError(
+                f"{type(self).__name__} credits one team return through one chain of all agents' actions, but "
+                f"{type(self.collector.envs[0]).__name__} gives each agent its own reward (a game): use 'grpo' or 'ippo' "
+                "(they train on each agent's own rewards there)"
+            )
         self.recovery = None
         if config.recovery.enabled:
             from marft_algos.recovery import CollapseRecovery
