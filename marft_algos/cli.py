@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--greedy", action="store_true", help="greedy decoding instead of the eval sampling settings")
     e.add_argument("--seed", type=int, default=1234)
     e.add_argument("--json", dest="json_out", help="also write the result as JSON here")
+    e.add_argument(
+        "--engine",
+        help="generation engine: hf or vllm (needs vLLM; docs/engines.md); default: hf, "
+        "or for a --checkpoint the engine its run was trained with",
+    )
 
     sub.add_parser("list-envs", help="list registered environments")
     sub.add_parser("list-algos", help="list registered algorithms")
@@ -225,13 +230,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _check_env(args.env)
     kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed)
     if args.checkpoint:
-        result = evaluate_checkpoint(args.checkpoint, args.env, **kwargs)
+        result = evaluate_checkpoint(args.checkpoint, args.env, engine=args.engine, **kwargs)
     else:
         if not args.env:
             _die("eval needs --env (or --checkpoint, whose run names its env)")
         import marft_envs
 
-        policy = untrained_policy(marft_envs.spec(args.env).agents_for(split=args.split), args.model)
+        policy = untrained_policy(marft_envs.spec(args.env).agents_for(split=args.split), args.model, engine=args.engine or "hf")
         result = evaluate(policy, args.env, label=f"untrained {args.model}", **kwargs)
     print(result)
     if args.json_out:
