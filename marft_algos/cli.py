@@ -360,7 +360,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.evaluation.errors import EvaluationError
     from marft_algos.registry import UnknownAlgorithmError
 
-    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError]
+    from marft_algos.engines import EngineNotFound
+
+    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError, EngineNotFound]
     try:
         import marft_envs
 

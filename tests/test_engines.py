@@ -354,3 +354,12 @@ def test_config_selects_and_validates_the_engine():
     assert isinstance(make_policy(TrainConfig(model="tiny-random"), ROLES).engine, HFEngine)
     with pytest.raises(ValueError, match="built in code"):  # make_policy builds the selected engine
         make_policy(TrainConfig(model="tiny-random", engine="vllm"), ROLES)
+
+
+def test_eval_cli_passes_the_engine_through(capsys):
+    from marft_algos import cli
+
+    assert cli.main(["eval", "--env", "arith-duo-v0", "--model", "tiny-random", "--engine", "vlm", "--n", "1"]) == 2
+    assert "no generation engine named 'vlm'" in capsys.readouterr().err
+    lb = cli.build_parser().parse_args(["leaderboard", "--engine", "vllm"])
+    assert lb.engine == "vllm"

@@ -17,7 +17,6 @@ with it, never its task options (``digits`` of arith mean nothing to another tas
 
 from __future__ import annotations
 
-
 import json
 import os
 from dataclasses import dataclass, field, replace
