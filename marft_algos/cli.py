@@ -357,10 +357,9 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.checkpoint import CheckpointError
     from marft_algos.config import ConfigError
+    from marft_algos.engines import EngineNotFound
     from marft_algos.evaluation.errors import EvaluationError
     from marft_algos.registry import UnknownAlgorithmError
-
-    from marft_algos.engines import EngineNotFound
 
     errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError, EngineNotFound]
     try:

@@ -110,3 +110,20 @@ def test_an_updated_adapter_is_served_under_a_new_id(engines):
     loaded = vl.versions.backend.loaded()
     assert old.lora_id not in loaded and {new.lora_id, old_critic.lora_id} <= loaded
     assert not Path(old.path).exists() and Path(new.path, "adapter_model.safetensors").is_file()
+
+
+def test_an_untrained_full_mode_team_is_served_until_its_weights_change():
+    from marft_algos.engines.vllm import VLLMEngine
+    from marft_algos.evaluation import untrained_policy
+
+    policy = untrained_policy(["solver", "critic"], "smollm2-135m")  # mode='full', no adapters
+    vl = VLLMEngine(policy, max_model_len=512)
+    try:
+        reqs = _requests(policy, SamplingParams(max_new_tokens=12, greedy=True))
+        assert [r.token_ids for r in vl.generate(reqs)] == [r.token_ids for r in policy.engine.generate(reqs)]
+        with torch.no_grad():
+            next(policy.base_model("solver").parameters()).mul_(1.01)
+        with pytest.raises(RuntimeError, match="cannot serve changed full weights"):
+            vl.generate(reqs)
+    finally:
+        vl.close()
