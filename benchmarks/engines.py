@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     t = time.perf_counter()
     engines = {"hf": policy.engine, "vllm": VLLMEngine(policy, max_model_len=args.max_model_len)}
-    startup = time.perf_counter() - t
-    rows = []
+    rows: list[dict[str, Any]] = [{"engine": "vllm", "batch": 0, "startup_s": time.perf_counter() - t}]
+    print(json.dumps(rows[0]), flush=True)
     for batch in args.batch:
         reqs = make_requests(policy, batch, args.max_new_tokens)
         for eng in engines.values():
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             order = list(engines) if rep % 2 == 0 else list(reversed(engines))
             for name in order:
                 runs[name].append(timed(engines[name], reqs, seed=rep + 1))
+                print(f"# batch {batch} {name}: {runs[name][-1][1]} tokens in {runs[name][-1][0]:.1f} s", flush=True)
         rec = _recompute_seconds(policy, reqs, engines["vllm"])
         for name, rs in runs.items():
             tps = [n / s for s, n in rs]
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         hf, vl = rows[-2]["tokens_per_s"], rows[-1]["tokens_per_s"]
         rows[-1]["ratio_vs_hf"] = vl / hf
         rows[-2]["ratio_vs_hf"] = 1.0
-    rows.append({"engine": "vllm", "batch": 0, "startup_s": startup})
+        print(json.dumps(rows[-2]), json.dumps(rows[-1]), sep="\n", flush=True)  # partial results survive a timeout
     return rows
 
 
@@ -116,10 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
+    print(f"# engines on {platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     rows = run(args)
-    print(f"# engines on {platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for r in rows:
-        print(json.dumps(r))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
