@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", dest="json_out", help="also write the result as JSON here")
     e.add_argument("--strict-context", action="store_true",
                    help="stop with an error when a prompt does not fit the context (default: count and warn)")
+    e.add_argument(
+        "--engine",
+        help="generation engine: hf or vllm (needs vLLM; docs/engines.md); default: hf, "
+        "or for a --checkpoint the engine its run was trained with",
+    )
 
     le = sub.add_parser("list-envs", help="list registered environments (built-in, entry points, --import)")
     le.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -314,13 +319,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed,
                   strict_context=args.strict_context)
     if args.checkpoint:
-        result = evaluate_checkpoint(args.checkpoint, args.env, **kwargs)
+        result = evaluate_checkpoint(args.checkpoint, args.env, engine=args.engine, **kwargs)
     else:
         if not args.env:
             _die("eval needs --env (or --checkpoint, whose run names its env)")
         import marft_envs
 
-        policy = untrained_policy(marft_envs.spec(args.env).agents_for(split=args.split), args.model)
+        policy = untrained_policy(marft_envs.spec(args.env).agents_for(split=args.split), args.model, engine=args.engine or "hf")
         result = evaluate(policy, args.env, label=f"untrained {args.model}", **kwargs)
     print(result)
     if args.json_out:
@@ -450,6 +455,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.checkpoint import CheckpointError
     from marft_algos.config import ConfigError
+    from marft_algos.engines import EngineNotFound
     from marft_algos.evaluation.errors import EvaluationError
     from marft_algos.logging import LogFileError
     from marft_algos.registry import UnknownAlgorithmError
@@ -457,7 +463,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.rundir import RunDirError
 
     errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError,
-                                       RunDirError, LogFileError, ContextOverflowError]
+                                       RunDirError, LogFileError, ContextOverflowError,
+                                       EngineNotFound]
     try:
         from marft_algos.models.aliases import UnknownModelError
 

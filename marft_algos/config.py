@@ -283,6 +283,8 @@ class TrainConfig(metaclass=_ConfigMeta):
     strict_context: bool = field(default=False, metadata={"help": "Stop the run with an error when an agent's prompt does not fit max_context (default: warn once, play an empty action, count it in rollout/overlong)."})
     sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {temperature, top_p, max_new_tokens, stop}} over the profile's train sampling."})
     eval_sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {...}} over the profile's eval sampling."})
+    engine: str = field(default="hf", metadata={"help": "Generation engine for rollouts: 'hf' (built in, the default) or 'vllm' (needs vLLM: pip install 'marft[vllm]'; LoRA modes, one base; see docs/engines.md)."})
+    engine_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "Keyword options of the engine, e.g. for vllm {gpu_memory_utilization, max_model_len, enforce_eager, dtype, max_num_seqs, adapter_root, logprob_source}."})
     # --- optimisation ------------------------------------------------------------
     steps: int = field(default=50, metadata={"help": "Training steps (collect -> advantages -> update)."})
     max_minutes: float | None = field(default=None, metadata={"help": "Stop after this many minutes of training (checked between steps)."})
@@ -382,6 +384,16 @@ class TrainConfig(metaclass=_ConfigMeta):
             self.lora_dropout == 0,
             f"lora_dropout must be 0 for RL training, got {self.lora_dropout}: log-probs are computed without dropout, "
             "exactly like the sampled ones, so that the PPO ratio compares the same function",
+        )
+        from marft_algos.engines import check_engine_options
+
+        try:
+            check_engine_options(self.engine, self.engine_options)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(str(e)) from None
+        _check(
+            not (self.engine == "vllm" and self.mode == "full"),
+            "engine='vllm' trains LoRA adapters only (mode='lora' or 'shared'): full weights cannot be pushed into vLLM after each update",
         )
         if self.dtype is not None:
             key = str(self.dtype).lower().removeprefix("torch.")

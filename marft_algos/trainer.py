@@ -136,7 +136,12 @@ def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
         kwargs["dtype"] = config.dtype
     if config.activation_checkpointing:
         kwargs["activation_checkpointing"] = True
-    return TeamPolicy(list(agents), **kwargs)
+    policy = TeamPolicy(list(agents), **kwargs)
+    if config.engine != "hf" or config.engine_options:  # the policy starts on the built-in engine
+        from marft_algos.engines import get_engine
+
+        policy.engine = get_engine(config.engine)(policy, **config.engine_options)
+    return policy
 
 
 # --------------------------------------------------------------------------------------
@@ -591,7 +596,13 @@ class Trainer(ABC):
         batch = self.collect()
         t1 = time.perf_counter()
         self.compute_advantages(batch)
+        engine = getattr(self.policy, "engine", None)
+        if engine is not None:
+            engine.sleep()  # vLLM on CUDA: free its KV cache and weights for the update
         metrics = self.update(batch)
+        if engine is not None:
+            engine.wake_up()
+            metrics.update(engine.metrics())  # e.g. the vllm engine's log-prob gap per role
         t2 = time.perf_counter()
         self.global_step += 1
         for key in ("rollout/verifier_timeouts", "rollout/overlong"):

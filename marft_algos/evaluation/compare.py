@@ -175,14 +175,16 @@ def run_compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     ev = eval_kwargs(args, default_temperature=0.0)  # greedy unless --temperature is given
     sampling = _agent_sampling(env_id, env_kwargs, agents, ev)
 
+    engine = getattr(args, "engine", None)
+
     def load(path: str) -> Any:
         if path not in UNTRAINED:
-            trained = checkpoint_policy(path)
+            trained = checkpoint_policy(path, engine=engine)
             check_roles(env_id, env_kwargs, trained.roles, f"checkpoint {path}")
             return trained.policy
         if args.model or ref is None:
-            return untrained_policy(agents, args.model or DEFAULT_MODEL)
-        return untrained_policy(agents, ref.model, model_per_agent=ref.model_per_agent, device=ref.device, dtype=ref.dtype)
+            return untrained_policy(agents, args.model or DEFAULT_MODEL, engine=engine or "hf")
+        return untrained_policy(agents, ref.model, model_per_agent=ref.model_per_agent, device=ref.device, dtype=ref.dtype, engine=engine or "hf")
 
     runs: dict[str, list[SampleRecord]] = {}
     episodes: dict[str, list[Any]] = {}

@@ -170,16 +170,20 @@ def evaluate(
 def evaluate_checkpoint(
     checkpoint: str | Path,
     env_id: str | None = None,
+    *,
+    engine: str | None = None,
     **kwargs: Any,
 ) -> EvalResult:
     """Load the policy stored in a checkpoint (or run dir) and :func:`evaluate` it.
+
+    ``engine`` names the generation engine (default: the one the run was trained with).
 
     ``env_id`` defaults to the run's environment, played with the run's env kwargs; on
     another env only the run's team kwargs go with it (see
     :func:`~marft_algos.evaluation.policies.checkpoint_env`). ``env_kwargs`` in
     ``kwargs`` replaces that choice.
     """
-    trained = checkpoint_policy(checkpoint)
+    trained = checkpoint_policy(checkpoint, engine=engine)
     env_id, env_kwargs = checkpoint_env(trained.config, env_id)
     env_kwargs = dict(kwargs.pop("env_kwargs", env_kwargs))
     check_roles(env_id, env_kwargs, trained.roles, f"checkpoint {trained.path}")

@@ -217,7 +217,7 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
             vote = args.majority and "solo" in suite.envs and "env" not in suite.envs
             teams_played = [*suite_teams, *(["solo"] if vote and "solo" not in suite_teams else [])]
             roles = sorted({a for t in teams_played for a in marft_envs.spec(suite.envs[t]).agents_for(**{**suite.kwargs, "split": split})})
-            policy = untrained_policy(roles, model) if roles else None
+            policy = untrained_policy(roles, model, engine=getattr(args, "engine", None) or "hf") if roles else None
             budgets: dict[str, int] = {}
             for team in suite_teams:
                 if team == "solo" and vote:
@@ -248,7 +248,7 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
                     print(f"[leaderboard] {suite.name}: checkpoint {label} skipped: {match}")
                     continue
                 env_id, kwargs = match
-                trained: TrainedPolicy = checkpoint_policy(path)
+                trained: TrainedPolicy = checkpoint_policy(path, engine=getattr(args, "engine", None))
                 t0 = time.perf_counter()
                 recs = run_samples(trained.policy, env_id, split=split, env_kwargs=kwargs, problems=problems, k=args.k, seed=args.seed, **ev)
                 record(suite, f"trained {label}", env_id, recs, time.perf_counter() - t0, args.k)
@@ -316,6 +316,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--no-majority", dest="majority", action="store_false", help="skip the majority-vote baselines")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--engine", default=None, help="generation engine: hf or vllm (docs/engines.md); default: hf, or a checkpoint's own")
     p.add_argument("--out", default="runs/leaderboard")
     return p
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +48,17 @@ def untrained_policy(
     model_per_agent: dict[str, str] | None = None,
     device: str | None = None,
     dtype: str | None = None,
+    engine: str = "hf",
 ) -> Any:
     """The untrained team: the base model(s) serving every role, no adapters (see the module docstring).
 
-    ``model_per_agent`` gives a heterogeneous team its own bases (each loaded once).
+    ``model_per_agent`` gives a heterogeneous team its own bases (each loaded once);
+    ``engine`` names the generation engine (:mod:`marft_algos.engines`).
     """
     from marft_algos.models import TeamPolicy
 
     base: Any = {r: (model_per_agent or {}).get(r, model) for r in roles} if model_per_agent else model
-    kwargs: dict[str, Any] = {"base": base, "mode": "full", "full_reference": False}
+    kwargs: dict[str, Any] = {"base": base, "mode": "full", "full_reference": False, "engine": engine}
     if device not in (None, "auto"):
         kwargs["device"] = device
     if dtype is not None:
@@ -139,15 +141,18 @@ def saved_roles(config: Any, ckpt: Path) -> list[str]:
     return roles
 
 
-def checkpoint_policy(checkpoint: str | os.PathLike[str]) -> TrainedPolicy:
+def checkpoint_policy(checkpoint: str | os.PathLike[str], *, engine: str | None = None) -> TrainedPolicy:
     """The trained policy stored in a run dir / checkpoint dir (one loader for every caller).
 
     The policy is rebuilt as the trainer built it (``marft_algos.trainer.make_policy``)
-    for the roles it was saved with, then loaded.
+    for the roles it was saved with, then loaded. ``engine`` replaces the run's generation
+    engine (``config.engine``) by another one, built with default options.
     """
     from marft_algos.trainer import make_policy
 
     config, ckpt = read_run_config(checkpoint)
+    if engine is not None and engine != getattr(config, "engine", "hf"):
+        config = replace(config, engine=engine, engine_options={})
     roles = saved_roles(config, ckpt)
     policy = make_policy(config, roles)
     policy.load(ckpt / "policy")
