@@ -710,8 +710,21 @@ class RolloutCollector:
         return m
 
 
-def iter_minibatches(items: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[list[Any]]:
-    """Shuffle ``items`` with ``rng`` and yield ``num_minibatches`` near-equal chunks."""
+def iter_minibatches(
+    items: Sequence[Any], num_minibatches: int, rng: np.random.Generator, key: Callable[[Any], Any] | None = None
+) -> Iterator[list[Any]]:
+    """Shuffle ``items`` with ``rng`` and yield ``num_minibatches`` near-equal chunks.
+
+    With ``key``, items with equal keys (e.g. the segments of one action,
+    ``Transition.action_key``) stay together, in their order: the units are shuffled and split.
+    """
+    if key is not None:
+        units: dict[Any, list[Any]] = {}
+        for it in items:
+            units.setdefault(key(it), []).append(it)
+        for chunk in iter_minibatches(list(units.values()), num_minibatches, rng):
+            yield [it for unit in chunk for it in unit]
+        return
     order = rng.permutation(len(items))
     for chunk in np.array_split(order, min(num_minibatches, max(len(items), 1))):
         if len(chunk):

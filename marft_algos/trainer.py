@@ -291,7 +291,9 @@ class Trainer(ABC):
                 transitions = batch.agent_transitions(agent)
                 if not transitions:
                     continue
-                for mb in iter_minibatches(transitions, c.num_minibatches, self.np_rng):
+                # a turn-level ratio needs all segments of an action in one minibatch
+                together = (lambda t: t.action_key) if getattr(c, "importance_ratio", "token") == "turn" else None
+                for mb in iter_minibatches(transitions, c.num_minibatches, self.np_rng, key=together):
                     for k, v in self.train_minibatch(agent, mb, epoch=epoch).items():
                         sums[k].append(v)
         self.after_update(batch)
@@ -432,7 +434,12 @@ class Trainer(ABC):
         logp = stats.logprobs
         old_logp = self.old_logprobs(mb, stats)
         adv = self.advantages_tensor(mb, stats)
-        loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
+        if c.importance_ratio == "token":
+            loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
+        else:  # one ratio per transition, or per action (its tool segments together: ReMA's turn)
+            keys: dict[Any, int] = {}
+            groups = [keys.setdefault(k, len(keys)) for k in (range(len(mb)) if c.importance_ratio == "sequence" else (t.action_key for t in mb))]
+            loss, info = losses.grouped_ratio_policy_loss(logp, old_logp, adv, mask, groups, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         m = {f"agent/{agent}/{k}": float(v) for k, v in _as_metrics(info).items()}
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))
