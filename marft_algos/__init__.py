@@ -9,8 +9,6 @@ and pluggable trainers (GRPO, independent PPO, MARFT), all behind one interface.
 
 from __future__ import annotations
 
-from typing import Any
-
 from marft_algos.checkpoint import (
     CheckpointError,
     find_checkpoint,
@@ -24,6 +22,7 @@ from marft_algos.registry import (
     AlgorithmSpec,
     UnknownAlgorithmError,
     get_algorithm,
+    lazy_exports,
     list_algorithms,
     register_algorithm,
 )
@@ -47,8 +46,10 @@ __all__ = [
     "MARFTTokenConfig",
     "MARFTTokenTrainer",
     "MetricsLogger",
+    "OpponentPool",
     "RolloutBatch",
     "RolloutCollector",
+    "SelfPlaySettings",
     "TrainConfig",
     "Trainer",
     "Transition",
@@ -62,6 +63,7 @@ __all__ = [
     "register_algorithm",
     "save_checkpoint",
     "seed_everything",
+    "selfplay_trainer",
 ]
 
 _LAZY = {
@@ -76,13 +78,10 @@ _LAZY = {
     "MARFTTokenTrainer": "marft_algos.algos.marft_token",
     "EvalResult": "marft_algos.evaluation",
     "evaluate": "marft_algos.evaluation",
+    "OpponentPool": "marft_algos.selfplay",
+    "SelfPlaySettings": "marft_algos.selfplay",
+    "selfplay_trainer": "marft_algos.selfplay",
 }
 
-
-def __getattr__(name: str) -> Any:
-    # Algorithm and evaluation modules import the model stack: load them on first use.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'marft_algos' has no attribute {name!r}")
+# algorithm and evaluation modules import the model stack: they load on first use
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -25,6 +25,8 @@ Builders
 - :func:`per_agent_gae` -- IPPO: each agent's own actions form its chain (no chaining
   across agents).
 - :func:`grpo_advantages` -- group-relative advantages (global or agent-wise, Dr. MAS).
+- :func:`turn_level_advantages` -- MARS: each agent's own turn-level returns,
+  normalised per agent (no critic; for per-agent rewards in games and self-play).
 
 Inputs may be ``torch.Tensor`` or anything ``numpy.asarray`` accepts; :func:`chain_gae`
 returns the type of its ``rewards`` argument, the builders return numpy ``float64``
@@ -45,6 +47,7 @@ __all__ = [
     "token_level_backup",
     "per_agent_gae",
     "grpo_advantages",
+    "turn_level_advantages",
     "episode_segments",
 ]
 
@@ -535,3 +538,86 @@ def grpo_advantages(
     if as_torch:
         return torch.as_tensor(adv, dtype=rewards.dtype if rewards.is_floating_point() else torch.float32, device=rewards.device)
     return adv
+
+
+def turn_level_advantages(
+    rewards: ArrayLike,
+    agent_ids: ArrayLike,
+    episode_ids: ArrayLike | None = None,
+    *,
+    gamma: float = 1.0,
+    normalize: str = "agent",
+    group_ids: ArrayLike | None = None,
+    eps: float = 1e-6,
+) -> tuple[np.ndarray, np.ndarray]:
+    """MARS's turn-level advantages with agent-specific normalisation (no critic).
+
+    Every action k of agent i gets the return of agent i's OWN turns from k on
+    (``r_k`` is the reward credited to that action, e.g. ``Transition.credited_reward``;
+    the successor of k is agent i's next action in the same episode)::
+
+        G_k = r_k + gamma * G_{next action of the same agent}     (0 after its last one)
+
+    and is then normalised with statistics of ITS agent only, so that in a zero-sum game
+    the winner's +1 and the loser's -1 do not cancel in one shared baseline, and an agent
+    whose returns sit on another scale does not rescale the others::
+
+        normalize="agent":  A_k = (G_k - mean_i(G)) / (std_i(G) + eps)
+        normalize="batch":  A_k = (G_k - mean(G))   / (std(G) + eps)
+        normalize="none":   A_k =  G_k
+
+    ``mean_i`` / ``std_i`` (population std) run over agent i's actions in the batch, or in
+    the action's group when ``group_ids`` is given (one cell per (group, agent): GRPO's
+    problems). A cell of one action, or of equal returns, gives 0 (never NaN).
+
+    This is our reading of MARS (arXiv 2510.15414): turn-level credit from the agent's own
+    later rewards, agent-specific advantage normalisation.
+
+    Args:
+        rewards, agent_ids: per action, length L, execution order.
+        episode_ids: per action (contiguous episodes); default one episode.
+        gamma: discount between an agent's consecutive turns.
+        normalize: ``"agent"``, ``"batch"`` or ``"none"``.
+        group_ids: per action; statistics per (group, agent) / per group when given.
+
+    Returns:
+        ``(advantages, returns)``: numpy float64 arrays of length L (``returns`` = G).
+
+    Example: Nim, a moves, b moves, a takes the last stone (+1 for a, -1 for b)::
+
+        >>> adv, G = turn_level_advantages([0, 0, 1], ["a", "b", "a"], normalize="none")
+        >>> G.tolist()                        # b's -1 is credited to its own action by the caller
+        [1.0, 0.0, 1.0]
+        >>> adv, G = turn_level_advantages([0, -1, 1], ["a", "b", "a"], gamma=0.5, normalize="none")
+        >>> G.tolist()
+        [0.5, -1.0, 1.0]
+    """
+    r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
+    n = r.shape[0]
+    if normalize not in ("agent", "batch", "none"):
+        raise ValueError(f"normalize must be 'agent', 'batch' or 'none', got {normalize!r}")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    agents = list(np.asarray(agent_ids).reshape(-1).tolist())
+    if len(agents) != n:
+        raise ValueError(f"agent_ids has {len(agents)} entries, expected {n}")
+    groups = list(np.asarray(group_ids).reshape(-1).tolist()) if group_ids is not None else [0] * n
+    if len(groups) != n:
+        raise ValueError(f"group_ids has {len(groups)} entries, expected {n}")
+    G = np.zeros(n)
+    for _, s, e in episode_segments(episode_ids, n):
+        running: dict[Any, float] = {}
+        for k in range(e - 1, s - 1, -1):  # backwards: each agent's own later turns only
+            running[agents[k]] = r[k] + gamma * running.get(agents[k], 0.0)
+            G[k] = running[agents[k]]
+    if normalize == "none":
+        return G.copy(), G
+    cells: dict[Any, list[int]] = {}
+    for k in range(n):
+        key = (groups[k], agents[k]) if normalize == "agent" else groups[k]
+        cells.setdefault(key, []).append(k)
+    adv = np.zeros(n)
+    for idx in cells.values():
+        x = G[idx]
+        adv[idx] = (x - x.mean()) / (x.std() + eps) if len(x) > 1 else 0.0
+    return adv, G

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
+import os
 import sys
 import time
 import typing
@@ -74,8 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--greedy", action="store_true", help="greedy decoding instead of the eval sampling settings")
     e.add_argument("--seed", type=int, default=1234)
     e.add_argument("--json", dest="json_out", help="also write the result as JSON here")
+    e.add_argument("--strict-context", action="store_true",
+                   help="stop with an error when a prompt does not fit the context (default: count and warn)")
 
-    sub.add_parser("list-envs", help="list registered environments")
+    le = sub.add_parser("list-envs", help="list registered environments (built-in, entry points, --import)")
+    le.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first, so that the envs it registers are listed (repeatable)")
     sub.add_parser("list-algos", help="list registered algorithms")
 
     lb = sub.add_parser(
@@ -142,8 +148,10 @@ def build_config(args: argparse.Namespace, extra: list[str]) -> Any:
             _die(f"config file {path} not found")
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             _die(f"config file {path} is not valid JSON: {e}")
+        if not isinstance(data, dict):
+            _die(f"config file {path} must hold a JSON object of settings, got {type(data).__name__}")
         data.pop("algo", None)
     for flag, name in _ALIASES.items():
         value = getattr(args, flag, None)
@@ -176,34 +184,114 @@ def _check_env(env_id: str) -> None:
     marft_envs.spec(env_id)  # raises NameNotFound / VersionNotFound with a suggestion
 
 
+def _get_algorithm(name: str) -> Any:
+    """The registered algorithm, with an entry point that does not import as a one-line error."""
+    from marft_algos.registry import ALGORITHMS, get_algorithm
+
+    try:
+        return get_algorithm(name)
+    except (ImportError, AttributeError, TypeError) as e:
+        spec = ALGORITHMS.get(name)
+        where = f" ({spec.trainer_cls!r}, {spec.config_cls!r})" if spec is not None else ""
+        _die(f"algorithm {name!r} is registered{where} but does not load: {type(e).__name__}: {e}")
+
+
+def _check_device(device: str) -> None:
+    """A CUDA / MPS device that this machine does not have is a one-line error, not a traceback."""
+    if device == "auto":
+        return
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        _die(f"device {device!r}: CUDA is not available on this machine (use --set device=cpu or auto)")
+    if kind == "cuda" and torch.device(device).index is not None and torch.device(device).index >= torch.cuda.device_count():
+        _die(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        _die(f"device {device!r}: MPS is not available on this machine (use --set device=cpu or auto)")
+
+
+def _write_config(config: Any, path: Path) -> None:
+    """config.json (with its ``algo``), replaced atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    """``marft train``: build the config, train (or resume) and save into ``--out``."""
-    from marft_algos.registry import get_algorithm
+    """``marft train``: build the config, train (or resume) and save into ``--out``.
+
+    The run dir is locked for the run's life. A new run needs a missing or empty ``--out``;
+    a failed start leaves nothing behind (a dir it created is removed), and a failed
+    ``--resume`` leaves the run dir as it was (config.json is written once the resume
+    succeeded).
+    """
+    import shutil
+
+    from marft_algos.checkpoint import (
+        CheckpointError,
+        clean_stale,
+        find_checkpoint,
+        read_checkpoint_config,
+    )
+    from marft_algos.rundir import RunDirLock, check_new_run_dir, resume_changes
 
     if args.help:
         print(build_parser().train_parser.format_help())  # type: ignore[attr-defined]
         if args.algo:
             print(f"\noptions of --algo {args.algo} (also settable with --set key=value):")
-            print(_config_flag_parser(get_algorithm(args.algo).config_cls).format_help().split("\n", 2)[-1])
+            print(_config_flag_parser(_get_algorithm(args.algo).config_cls).format_help().split("\n", 2)[-1])
         return 0
+    spec = _get_algorithm(args.algo)
     config = build_config(args, extra)
     _check_env(config.env_id)
+    _check_device(config.device)
     if args.resume and not config.out_dir:
         _die("--resume needs --out (the run directory to continue)")
-    spec = get_algorithm(args.algo)
-    if config.out_dir:
-        Path(config.out_dir).mkdir(parents=True, exist_ok=True)
-        config.save(Path(config.out_dir) / "config.json")
-    trainer = spec.trainer_cls(config)
-    if args.resume:
-        from marft_algos.checkpoint import CheckpointError
-
-        try:
-            ckpt = trainer.load_checkpoint(config.out_dir)
-        except CheckpointError as e:
-            _die(f"cannot resume: {e}")
-        print(f"resumed from {ckpt} at step {trainer.global_step}")
-    trainer.train()
+    out = Path(config.out_dir) if config.out_dir else None
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            _die(f"--out {out} is a file, not a directory; choose another --out")
+        if args.resume and not out.is_dir():
+            _die(f"cannot resume: run directory {out} does not exist")
+        if not args.resume:
+            check_new_run_dir(out)
+    created = out is not None and not out.exists()
+    lock = RunDirLock(out) if out is not None else None
+    try:
+        if lock is not None:
+            lock.acquire()
+        ckpt = None
+        if args.resume:
+            assert out is not None
+            clean_stale(out / "checkpoints")
+            try:
+                ckpt = find_checkpoint(out)
+                resume_changes(read_checkpoint_config(ckpt), config, where=ckpt)  # refuse before loading any model
+            except CheckpointError as e:
+                _die(f"cannot resume: {e}")
+        trainer = spec.trainer_cls(config)
+        if ckpt is not None:
+            try:
+                ckpt = trainer.load_checkpoint(ckpt)
+            except CheckpointError as e:
+                _die(f"cannot resume: {e}")
+            print(f"resumed from {ckpt} at step {trainer.global_step}")
+            for line in getattr(trainer, "resume_changes", []):
+                print(f"  changed on resume (applied): {line}")
+        if out is not None:
+            _write_config(config, out / "config.json")
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        if created and out is not None:
+            shutil.rmtree(out, ignore_errors=True)  # a failed start leaves nothing behind
+        raise
+    try:
+        trainer.train()
+    finally:
+        if lock is not None:
+            lock.release()
     last = trainer.history[-1] if trainer.history else {}
     print(f"done: {trainer.global_step} steps, team/reward {last.get('team/reward', float('nan')):.3f}" + (f", run dir {config.out_dir}" if config.out_dir else ""))
     return 0
@@ -223,7 +311,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _die(f"--start-index must be >= 0, got {args.start_index}")
     if args.env:
         _check_env(args.env)
-    kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed)
+    kwargs = dict(n=args.n, split=args.split, start_index=args.start_index, num_envs=args.num_envs, greedy=args.greedy, seed=args.seed,
+                  strict_context=args.strict_context)
     if args.checkpoint:
         result = evaluate_checkpoint(args.checkpoint, args.env, **kwargs)
     else:
@@ -239,10 +328,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list_envs() -> int:
-    """``marft list-envs``: the env registry, one id per line."""
+def cmd_list_envs(imports: list[str] | None = None) -> int:
+    """``marft list-envs``: the env registry (built-in ids, those of installed ``marft_envs``
+    entry points, and those registered by the ``--import`` modules), grouped by family."""
+    import importlib
+
     import marft_envs
 
+    marft_envs.load_plugins()
+    for module in imports or []:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            _die(f"--import {module}: {e} (is the module on PYTHONPATH or installed?)")
     marft_envs.pprint_registry()
     return 0
 
@@ -353,9 +451,19 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from marft_algos.checkpoint import CheckpointError
     from marft_algos.config import ConfigError
     from marft_algos.evaluation.errors import EvaluationError
+    from marft_algos.logging import LogFileError
     from marft_algos.registry import UnknownAlgorithmError
+    from marft_algos.rollout import ContextOverflowError
+    from marft_algos.rundir import RunDirError
 
-    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError]
+    errs: list[type[BaseException]] = [CLIError, ConfigError, UnknownAlgorithmError, CheckpointError, FileNotFoundError, EvaluationError,
+                                       RunDirError, LogFileError, ContextOverflowError]
+    try:
+        from marft_algos.models.aliases import UnknownModelError
+
+        errs.append(UnknownModelError)
+    except ImportError:
+        pass
     try:
         import marft_envs
 
@@ -363,6 +471,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         pass
     return tuple(errs)
+
+
+#: OSErrors that are the user's disk, not a bug: one line naming the path, exit status 2
+_DISK_ERRNOS = frozenset(
+    e for e in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, getattr(errno, "EDQUOT", None), errno.ENOTDIR, errno.EISDIR)
+    if e is not None
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             return cmd_eval(args)
         if args.command == "list-envs":
-            return cmd_list_envs()
+            return cmd_list_envs(args.imports)
         if args.command == "list-algos":
             return cmd_list_algos()
         if args.command == "leaderboard":
@@ -391,6 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"marft {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        # a full or read-only disk, or no permission: say where, not a traceback
+        where = e.filename if e.filename is not None else "(unknown path)"
+        print(f"marft {args.command}: error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -33,9 +33,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import importlib
 import json
 import math
+import numbers
+import os
+import types
 import typing
 import warnings
 from collections.abc import Callable
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marft_algos.registry import algorithm_name
+from marft_algos.registry import algorithm_name, lazy_exports
 
 if typing.TYPE_CHECKING:  # re-exported lazily (see __getattr__ at the end)
     from marft_algos.algos.grpo import GRPOConfig
@@ -202,6 +204,60 @@ class _ConfigMeta(type):
 
 _DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
 
+#: sampling settings of ``sampling_overrides`` and their types (checked at config time,
+#: not at the first generation)
+_SAMPLING_TYPES: dict[str, Any] = {"temperature": float, "top_p": float, "top_k": int, "max_new_tokens": int, "stop": Any, "greedy": bool}
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_type(name: str, value: Any, annotation: Any) -> None:
+    """Reject a value of the wrong type for a simple annotation (bool, int, float, str, dict, list,
+    ``X | None``); floats must also be finite: no setting means something at NaN or inf
+    (``None`` switches the optional ones off, ``0`` the others)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            _check_type(name, value, rest[0])
+        return  # wider unions: not checked here
+    if annotation is bool:
+        _check(isinstance(value, bool), f"{name} must be true or false, got {value!r}")
+    elif annotation is int:
+        _check(
+            isinstance(value, numbers.Integral) and not isinstance(value, bool),
+            f"{name} must be an integer, got {value!r}" + (" (not finite)" if isinstance(value, float) and not math.isfinite(value) else ""),
+        )
+    elif annotation is float:
+        _check(isinstance(value, numbers.Real) and not isinstance(value, bool), f"{name} must be a number, got {value!r}")
+        _check(math.isfinite(float(value)), f"{name} must be a finite number, got {value!r}")
+    elif annotation is str:
+        _check(isinstance(value, str), f"{name} must be a string, got {value!r}")
+    elif annotation is dict or origin is dict:
+        _check(isinstance(value, dict), f"{name} must be a dict (a JSON object), got {value!r}")
+    elif annotation in (list, tuple) or origin in (list, tuple):
+        _check(isinstance(value, (list, tuple)), f"{name} must be a list, got {value!r}")
+
+
+def _check_field_types(obj: Any, prefix: str = "") -> None:
+    """Type-check every simple field of a config dataclass (see :func:`_check_type`)."""
+    hints = _type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        ann = hints.get(f.name)
+        if ann is None or dataclasses.is_dataclass(ann):
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, os.PathLike) and str in (ann, *typing.get_args(ann)):
+            value = os.fspath(value)  # a Path where a path string is expected
+            object.__setattr__(obj, f.name, value)
+        _check_type(prefix + f.name, value, ann)
+
 
 @dataclass
 class TrainConfig(metaclass=_ConfigMeta):
@@ -224,6 +280,7 @@ class TrainConfig(metaclass=_ConfigMeta):
     activation_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward pass instead of storing its activations: a training step's memory stops growing with tokens x layers (about one more forward of cost; training forwards then skip prefix sharing)."})
     release_freed_memory: bool = field(default=False, metadata={"help": "CPU/glibc: pin malloc's mmap and trim thresholds at 128 KiB so memory freed between the phases of a step goes back to the OS (lower peak RSS, slower steps; process-wide; see marft_algos.memory)."})
     max_context: int = field(default=2048, metadata={"help": "Max prompt+response tokens; longer prompts are counted (rollout/overlong) and not trained on."})
+    strict_context: bool = field(default=False, metadata={"help": "Stop the run with an error when an agent's prompt does not fit max_context (default: warn once, play an empty action, count it in rollout/overlong)."})
     sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {temperature, top_p, max_new_tokens, stop}} over the profile's train sampling."})
     eval_sampling_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "{agent: {...}} over the profile's eval sampling."})
     # --- optimisation ------------------------------------------------------------
@@ -231,6 +288,7 @@ class TrainConfig(metaclass=_ConfigMeta):
     max_minutes: float | None = field(default=None, metadata={"help": "Stop after this many minutes of training (checked between steps)."})
     lr: float = field(default=1e-5, metadata={"help": "Learning rate of every agent's policy parameters."})
     lr_per_agent: dict[str, float] = field(default_factory=dict, metadata={"help": "{agent: lr} overriding `lr` per agent."})
+    frozen_agents: list[str] = field(default_factory=list, metadata={"help": "Agents that act but are never trained: no optimizer, no update, their adapters stay exactly as loaded (the critic still learns from their data)."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
     lr_scheduler: str = field(default="constant", metadata={"help": "'constant' or 'linear' decay to 0 at `steps`, both after `warmup_steps`."})
@@ -258,6 +316,7 @@ class TrainConfig(metaclass=_ConfigMeta):
         "sampling_overrides",
         "eval_sampling_overrides",
         "lr_per_agent",
+        "frozen_agents",
     )
 
     #: renamed settings still accepted for one release: {old name: (new name, value converter)}
@@ -272,19 +331,49 @@ class TrainConfig(metaclass=_ConfigMeta):
                 unknown = sorted(set(data) - valid)
                 _check(not unknown, f"unknown {name} settings {unknown}; valid: {sorted(valid)}")
                 object.__setattr__(self, name, part(**data))
+            _check_field_types(getattr(self, name), prefix=f"{name}.")
+        if isinstance(self.frozen_agents, str):  # --frozen-agents writer,critic
+            self.frozen_agents = [a.strip() for a in self.frozen_agents.split(",") if a.strip()]
+        _check(
+            isinstance(self.frozen_agents, (list, tuple)) and all(isinstance(a, str) for a in self.frozen_agents),
+            f"frozen_agents must be a list of agent names, got {self.frozen_agents!r}",
+        )
+        self.frozen_agents = list(self.frozen_agents)
+        _check_field_types(self)
+        for agent, lr in self.lr_per_agent.items():
+            _check_type(f"lr_per_agent[{agent!r}]", lr, float)
+        for agent, base in self.model_per_agent.items():
+            _check_type(f"model_per_agent[{agent!r}]", base, str)
+        for name in ("sampling_overrides", "eval_sampling_overrides"):
+            for agent, sp in getattr(self, name).items():
+                _check(isinstance(sp, dict), f"{name}[{agent!r}] must be a dict of sampling settings, got {sp!r}")
+                for key, value in sp.items():
+                    if _SAMPLING_TYPES.get(key, Any) is not Any:
+                        _check_type(f"{name}[{agent!r}].{key}", value, _SAMPLING_TYPES[key])
         _check(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}")
         _check(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
         _check(self.mode in ("lora", "shared", "full"), f"mode must be 'lora', 'shared' or 'full', got {self.mode!r}")
-        _check(self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive finite number, got {self.lr}")
+        _check(self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive finite number, got {self.lr}"
+               + ("; to keep agents fixed, list them in frozen_agents" if self.lr == 0 else ""))
         for agent, lr in self.lr_per_agent.items():
-            _check(lr > 0 and math.isfinite(lr), f"lr_per_agent[{agent!r}] must be positive, got {lr}")
+            _check(lr > 0 and math.isfinite(lr), f"lr_per_agent[{agent!r}] must be positive, got {lr}"
+                   + ("; to keep an agent fixed, list it in frozen_agents" if lr == 0 else ""))
         _check(self.lr_scheduler in ("constant", "linear"), f"lr_scheduler must be 'constant' or 'linear', got {self.lr_scheduler!r}")
         _check(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
         _check(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
         _check(self.num_minibatches >= 1, f"num_minibatches must be >= 1, got {self.num_minibatches}")
         _check(self.max_context >= 8, f"max_context must be >= 8 tokens, got {self.max_context}")
         _check(self.lora_r >= 1, f"lora_r must be >= 1, got {self.lora_r}")
+        _check(self.lora_alpha > 0, f"lora_alpha must be > 0 (the adapter's scale is alpha / r), got {self.lora_alpha}")
         _check(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
+        _check(self.save_every >= 0, f"save_every must be >= 0 (0 = only at the end), got {self.save_every}")
+        _check(self.keep_checkpoints >= 0, f"keep_checkpoints must be >= 0 (0 = keep all), got {self.keep_checkpoints}")
+        _check(self.transcript_every >= 0, f"transcript_every must be >= 0 (0 = never), got {self.transcript_every}")
+        _check(self.transcripts_per_step >= 0, f"transcripts_per_step must be >= 0, got {self.transcripts_per_step}")
+        _check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        _check(self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}")
+        _check(self.device == "auto" or _valid_device(self.device),
+               f"unknown device {self.device!r}; use 'auto', 'cpu', 'cuda', 'cuda:<index>', 'mps' or another torch device string")
         _check(self.init_loss_scale > 0 and math.isfinite(self.init_loss_scale), f"init_loss_scale must be a positive finite number, got {self.init_loss_scale}")
         _check(self.max_minutes is None or self.max_minutes > 0, f"max_minutes must be > 0, got {self.max_minutes}")
         # The sampler runs without dropout, so the new log-probs must too (else every PPO
@@ -335,10 +424,20 @@ class TrainConfig(metaclass=_ConfigMeta):
     # --- helpers -----------------------------------------------------------------
     def check_agents(self, agents: list[str] | tuple[str, ...]) -> None:
         """Reject per-agent settings that name agents the environment does not have."""
+        internal = [a for a in agents if str(a).startswith("__")]
+        _check(
+            not internal,
+            f"agent names {internal} start with '__', the namespace of the trainers' internal optimizers and "
+            "adapters (the critic, value heads): rename these roles",
+        )
         known = set(agents)
         for name in self.per_agent_fields:
             unknown = sorted(set(getattr(self, name)) - known)
             _check(not unknown, f"{name} names unknown agents {unknown}; the environment's agents are {list(agents)}")
+        _check(
+            not known <= set(self.frozen_agents),
+            f"frozen_agents {sorted(self.frozen_agents)} freezes the whole team: nothing would be trained",
+        )
 
     def agent_lr(self, agent: str) -> float:
         """The learning rate of ``agent``'s policy (``lr_per_agent`` over ``lr``)."""
@@ -358,6 +457,17 @@ class TrainConfig(metaclass=_ConfigMeta):
         data = json.loads(Path(path).read_text())
         data.pop("algo", None)
         return config_from_dict(cls, data)
+
+
+def _valid_device(name: str) -> bool:
+    """A device string torch parses (``cpu``, ``cuda:1``, ``mps``); whether it exists is checked when the model loads."""
+    import torch  # only for a non-default device
+
+    try:
+        torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _chain_post_init(obj: Any, part: type) -> None:
@@ -593,9 +703,5 @@ _ALGORITHM_CONFIGS = {
     "MARFTTokenConfig": "marft_algos.algos.marft_token",
 }
 
-
-def __getattr__(name: str) -> Any:
-    # Lazy: the algorithm modules import this one (an eager import would be a circle).
-    if name in _ALGORITHM_CONFIGS:
-        return getattr(importlib.import_module(_ALGORITHM_CONFIGS[name]), name)
-    raise AttributeError(f"module 'marft_algos.config' has no attribute {name!r}")
+# lazy: the algorithm modules import this one (an eager import would be a circle)
+__getattr__ = lazy_exports(__name__, _ALGORITHM_CONFIGS)

@@ -7,11 +7,18 @@ Keys are namespaced like tianshou/CleanRL: ``team/reward``, ``agent/<role>/kl``,
     metrics.jsonl       one JSON object per logged step: {"step": 3, "team/reward": 0.4, ...}
     transcripts.jsonl   sample episodes every N steps: {"step": 10, "episode": {...}}
     tb/                 TensorBoard events (same keys)
+
+Files are created at the first write, so a run that fails before its first step leaves
+no log files behind. A line cut short by a crash or a full disk (the last line, without
+its newline) is skipped with a warning when the file is read or appended to; a damaged
+line elsewhere is an error naming the file and the line. Rewrites (:meth:`MetricsLogger.truncate_after`)
+are atomic: a temp file, fsynced, then ``os.replace``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -24,8 +31,89 @@ __all__ = [
     "TensorBoardWriter",
     "MetricsLogger",
     "read_metrics",
+    "read_jsonl",
     "agent_metric",
+    "LogFileError",
 ]
+
+log = logging.getLogger("marft")
+
+
+class LogFileError(ValueError):
+    """A metrics or transcripts file with a damaged line before its last one."""
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL log (missing file -> []).
+
+    A torn last line (a crash or a full disk mid-write) is skipped with a warning; a
+    damaged line before it raises :class:`LogFileError` naming the file and the line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_bytes().split(b"\n")
+    rows: list[dict[str, Any]] = []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as e:
+            if i == last:
+                log.warning("%s: skipped its last line %d (cut short: %d bytes, %s)", path, i + 1, len(line), e)
+                continue
+            raise LogFileError(
+                f"{path}, line {i + 1}: not a valid JSON row ({e}); remove or repair that line (only a torn last line is skipped)"
+            ) from None
+        rows.append(row)
+    return rows
+
+
+def _write_lines_atomic(path: Path, rows: Iterable[dict[str, Any]], *, sort_keys: bool) -> None:
+    """Replace ``path`` by ``rows`` (one JSON line each) atomically: temp file, fsync, os.replace."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, sort_keys=sort_keys) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a write that never finished) before appending."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    with open(path, "rb+") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return
+        data = path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        log.warning("%s: dropped a last line cut short (%d bytes) before appending", path, len(data) - keep)
+        fh.truncate(keep)
 
 
 def agent_metric(agent: str, name: str) -> str:
@@ -58,25 +146,34 @@ class JSONLWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (kept open for the run)
+        self._fh: Any = None  # opened at the first write (and again after close)
+
+    def _open(self) -> Any:
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_torn_tail(self.path)
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (kept open for the run)
+        return self._fh
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Append one JSON line (NaN/inf become null)."""
         row = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
-        self._fh.write(json.dumps(row, sort_keys=True) + "\n")
-        self._fh.flush()
+        fh = self._open()
+        fh.write(json.dumps(row, sort_keys=True) + "\n")
+        fh.flush()
 
     def flush(self) -> None:
         """Flush the file."""
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
 
     def close(self) -> None:
-        """Close the file."""
-        if not self._fh.closed:
+        """Close the file (a later write opens it again)."""
+        if self._fh is not None:
             self.flush()
             self._fh.close()
+            self._fh = None
 
 
 class TensorBoardWriter:
@@ -113,32 +210,45 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | Path, *, tensorboard: bool = True, writers: Iterable[MetricsWriter] = ()) -> None:
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.transcripts_path = self.out_dir / "transcripts.jsonl"
-        self.writers: list[MetricsWriter] = [JSONLWriter(self.metrics_path)]
-        if tensorboard:
-            try:
-                self.writers.append(TensorBoardWriter(self.out_dir / "tb"))
-            except ImportError:  # tensorboard missing: JSONL still has everything
-                pass
+        self._jsonl = JSONLWriter(self.metrics_path)
+        self.writers: list[MetricsWriter] = [self._jsonl]
+        self._tensorboard = tensorboard  # its writer is made at the first log: no event file before
         self.writers.extend(writers)
 
+    def _start_tensorboard(self) -> None:
+        if not self._tensorboard:
+            return
+        self._tensorboard = False
+        try:
+            self.writers.insert(1, TensorBoardWriter(self.out_dir / "tb"))
+        except ImportError:  # tensorboard missing: JSONL still has everything
+            pass
+
     def truncate_after(self, step: int) -> None:
-        """Drop JSONL rows logged after ``step`` (a resumed run re-logs them)."""
-        for path in (self.metrics_path, self.transcripts_path):
-            if not path.exists():
-                continue
-            keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-            path.write_text("".join(line + "\n" for line in keep))
+        """Drop JSONL rows logged after ``step`` (a resumed run re-logs them); atomic rewrite.
+
+        A torn last line is dropped with a warning; a damaged line before it raises
+        :class:`LogFileError` (and the file stays as it was).
+        """
+        self._jsonl.close()  # the rewrite replaces the file: reopen it at the next write
+        paths = [p for p in (self.metrics_path, self.transcripts_path) if p.exists()]
+        rows = {p: read_jsonl(p) for p in paths}  # both read (and checked) before either is rewritten
+        for path in paths:
+            keep = [r for r in rows[path] if r.get("step", 0) <= step]
+            _write_lines_atomic(path, keep, sort_keys=path == self.metrics_path)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Write ``metrics`` at ``step`` to every writer."""
+        self._start_tensorboard()
         for w in self.writers:
             w.write(step, metrics)
 
     def log_transcripts(self, step: int, episodes: Iterable[Any]) -> None:
         """Append the episodes' transcripts (one JSON line each) to ``transcripts.jsonl``."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(self.transcripts_path)
         with open(self.transcripts_path, "a", encoding="utf-8") as fh:
             for ep in episodes:
                 data = ep.transcript() if hasattr(ep, "transcript") else ep
@@ -156,8 +266,5 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a metrics.jsonl file (missing file -> [])."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Rows of a metrics.jsonl file (missing file -> []; see :func:`read_jsonl` for damaged lines)."""
+    return read_jsonl(path)

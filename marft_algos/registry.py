@@ -28,6 +28,7 @@ __all__ = [
     "UnknownAlgorithmError",
     "algorithm_name",
     "get_algorithm",
+    "lazy_exports",
     "list_algorithms",
     "register_algorithm",
 ]
@@ -68,6 +69,20 @@ def _load(entry: type | str) -> type:
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def lazy_exports(module: str, names: dict[str, str]) -> Any:
+    """A module ``__getattr__`` that imports ``names[name]`` (a module path) on first access.
+
+    Keeps heavy or circular re-exports lazy: ``__getattr__ = lazy_exports(__name__, {...})``.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            return getattr(importlib.import_module(names[name]), name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 def _qualname(cls: type) -> str:

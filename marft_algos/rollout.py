@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import time
 import warnings
 from collections import defaultdict
@@ -34,12 +35,21 @@ from typing import Any
 
 import numpy as np
 
+from marft_envs.testing import check_step_output
+
+_log = logging.getLogger("marft")
+
 __all__ = [
+    "ContextOverflowError",
+    "component_and_route_metrics",
+    "overlong_summary",
     "Transition",
     "Episode",
     "RolloutBatch",
     "RolloutCollector",
     "make_sampling",
+    "minibatch_indices",
+    "grouped_minibatch_indices",
 ]
 
 
@@ -83,7 +93,10 @@ class Transition:
         info: the env's info dict for the agent after the step (JSON-safe parts).
         trainable: False for actions that must not be trained on (overlong prompts).
         value / advantage / returns: filled by the trainer's advantage estimator.
-        extras: free slot for algorithms (token values, reference log-probs, ...).
+        extras: what the estimators and ``prepare_update`` attach per action (token
+            values / advantages / returns, old and reference log-probs, cached critic
+            features); the update reads them once, as the padded tensors of
+            :class:`marft_algos.buffer.AgentBuffer`.
     """
 
     episode_id: int
@@ -155,9 +168,9 @@ class Episode:
         return [t for t in self.transitions if t.agent == agent]
 
     def agent_return(self, agent: str) -> float:
-        """The sum of the rewards credited to ``agent`` in this episode (PettingZoo's
-        cumulative rewards: a team reward given to all agents counts for each of them,
-        not only for the agent whose step produced it)."""
+        """The sum of the rewards credited to ``agent``'s actions in this episode
+        (``credited_reward``: also what other agents' steps gave it, e.g. a game's -1 to the
+        loser, which arrives on the winner's move)."""
         return float(sum(t.credited_reward for t in self.transitions if t.agent == agent))
 
     @property
@@ -185,6 +198,7 @@ class Episode:
                     "tokens": t.num_tokens,
                     "finish_reason": t.finish_reason,
                     "flags": t.flags,
+                    "prompt": t.extras.get("prompt", []),
                 }
                 for t in self.transitions
             ],
@@ -268,6 +282,7 @@ class _Stepped:
     rewards: dict[str, float]
     info: dict[str, Any]
     done: bool
+    prompt: list[dict[str, str]] = field(default_factory=list)  # the messages the agent saw (transcripts)
 
 
 def _action_text(result: Any) -> str:
@@ -279,13 +294,27 @@ def _env_step(env: Any, agent: str, text: str) -> _Stepped:
     """Step ``agent`` of ``env`` with ``text``; snapshot what the record needs."""
     obs = env.observe(agent)
     turn = int(obs.get("turn", 0)) if isinstance(obs, dict) else 0
+    prompt = _prompt_messages(env, agent)
+    before = dict(getattr(env, "_cumulative_rewards", {}) or {})
     env.step(text)
+    # a third-party env whose rewards never reach _cumulative_rewards (or are NaN) would
+    # train on zeros or poison the update: fail here, naming the env and the agent
+    check_step_output(env, agent, previous_cumulative=before)
     return _Stepped(
         turn=turn,
         rewards={a: float(r) for a, r in env.rewards.items()},
         info=dict(env.infos.get(agent, {}) or {}),
         done=bool(env.terminations.get(agent, False) or env.truncations.get(agent, False)),
+        prompt=prompt,
     )
+
+
+def _prompt_messages(env: Any, agent: str) -> list[dict[str, str]]:
+    """The chat messages ``agent`` sees now (JSON-safe), kept for transcripts; [] if the env has none."""
+    messages = getattr(env, "messages", None)
+    if messages is None:
+        return []
+    return [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))} for m in messages(agent)]
 
 
 class RolloutCollector:
@@ -311,6 +340,8 @@ class RolloutCollector:
             distinct objects. Records are built in env order afterwards, so results are
             identical to serial stepping (an env must not draw from global RNGs in
             ``step``: PettingZoo envs use their own ``np_random``).
+        strict_context: raise :class:`ContextOverflowError` on the first overlong prompt
+            instead of warning once per agent and playing "".
     """
 
     def __init__(
@@ -328,6 +359,7 @@ class RolloutCollector:
         max_steps_per_episode: int = 10_000,
         share_prefill: bool = True,
         step_workers: int = 8,
+        strict_context: bool = False,
     ) -> None:
         if num_envs % group_size:
             raise ValueError(f"num_envs ({num_envs}) must be a multiple of group_size ({group_size})")
@@ -340,6 +372,8 @@ class RolloutCollector:
         self.mode = mode
         self.sampling_overrides = dict(sampling_overrides or {})
         self.max_context = max_context
+        self.strict_context = bool(strict_context)
+        self._warned: set[tuple[str, str]] = set()  # (what, agent): console warnings given once
         self.agent_to_role = agent_to_role or (lambda a: a)
         self.max_steps_per_episode = max_steps_per_episode
         self.share_prefill = share_prefill
@@ -471,6 +505,7 @@ class RolloutCollector:
                         # No room for even one token: a handled, counted case (never truncate the
                         # prompt silently, it would train on a context the agent never saw).
                         counters["rollout/overlong"] += 1
+                        self._overflowed(agent, len(prompt_ids), counters)
                         overlong.append((i, agent, prompt_ids))
                         continue
                     counters["rollout/context_capped"] += 1
@@ -648,6 +683,7 @@ class RolloutCollector:
             segment=opened.segment + 1 if opened is not None else 0,
             action_index=opened.action_index if opened is not None else len(ep.transitions),
         )
+        tr.extras["prompt"] = outcome.prompt
         ep.transitions.append(tr)
         # Credit this step's rewards to each agent's latest action (the acting agent's is `tr`);
         # every segment of that action carries the action's total as `action_reward`.
@@ -665,6 +701,7 @@ class RolloutCollector:
             counters["rollout/length_stops"] += 1
         elif finish == "context":  # the policy refused: prompt + max_new_tokens over its window
             counters["rollout/overlong"] += 1
+            self._overflowed(agent, len(prompt_ids), counters)
             tr.flags.append("context_overflow")
         grade = info.get("grade") or {}
         if isinstance(grade, dict) and grade.get("timed_out"):
@@ -683,6 +720,30 @@ class RolloutCollector:
                 ep.correct = bool(grade["correct"])
             elif ep.correct is None:
                 ep.correct = team_r > 0
+
+    def _overflowed(self, agent: str, prompt_tokens: int, counters: dict[str, float]) -> None:
+        """An agent's prompt left no room for a token: count it per agent, warn once, or stop (strict)."""
+        counters[f"agent/{agent}/overlong"] += 1
+        msg = (
+            f"agent {agent!r}: prompt of {prompt_tokens} tokens does not fit max_context={self.max_context}"
+        )
+        fix = ("raise max_context (up to the model's window), shorten the agent's prompt or its history, "
+               "or use a model with a longer context")
+        if self.strict_context:
+            raise ContextOverflowError(f"{msg} (strict_context): {fix}")
+        if ("overlong", agent) not in self._warned:
+            self._warned.add(("overlong", agent))
+            _log.warning("%s: it plays an empty action, is not trained on, and scores 0; %s "
+                         "(counted in rollout/overlong; warned once per agent; strict_context=true stops the run)", msg, fix)
+
+    def _warn_idle(self, acted: set[str], episodes: int) -> None:
+        """Warn (once per agent) when an agent of the team never acted in a whole batch."""
+        for agent in self.possible_agents:
+            if agent not in acted and ("idle", agent) not in self._warned:
+                self._warned.add(("idle", agent))
+                _log.warning(
+                    "agent %r never acted in %d episodes (e.g. a specialist the router never chose): it gets "
+                    "no data and is not trained (agent/%s/actions = 0; warned once)", agent, episodes, agent)
 
     def _finish(self, env: Any, ep: Episode) -> None:
         if ep.correct is None:
@@ -703,6 +764,10 @@ class RolloutCollector:
         for ep in episodes:
             for t in ep.transitions:
                 by_agent[t.agent].append(t)
+        self._warn_idle(set(by_agent), len(episodes))
+        m.update(component_and_route_metrics(episodes))
+        for agent in self.possible_agents:
+            m[f"agent/{agent}/actions"] = float(len(by_agent.get(agent, ())))
         for agent, trs in by_agent.items():
             m[f"agent/{agent}/reward"] = float(np.mean([t.credited_reward for t in trs]))
             m[f"agent/{agent}/response_len"] = float(np.mean([t.num_tokens for t in trs]))
@@ -710,22 +775,93 @@ class RolloutCollector:
         return m
 
 
+def minibatch_indices(n: int, num_minibatches: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Shuffle ``range(n)`` with ``rng`` and yield ``num_minibatches`` near-equal index chunks."""
+    order = rng.permutation(n)
+    for chunk in np.array_split(order, min(num_minibatches, max(n, 1))):
+        if len(chunk):
+            yield chunk
+
+
+def component_and_route_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Reward components and route choices of a batch, for metrics.jsonl / TensorBoard.
+
+    - ``team/reward/<component>``: per-episode sum of each ``info["reward_components"]``
+      entry (outcome, format, costs, partial credit, tool components), averaged over episodes;
+    - ``agent/<a>/reward/<component>``: the same components of the grades that ``a``'s own
+      actions produced, averaged over ``a``'s actions;
+    - ``route/<from>-><to>``: the share of hops from ``from`` (an action followed by another
+      in its episode) that went to ``to`` (the executed order: fixed, DAG or routed).
+    """
+    team: dict[str, float] = defaultdict(float)
+    per_agent: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    actions: dict[str, int] = defaultdict(int)
+    hops: dict[tuple[str, str], int] = defaultdict(int)
+    for ep in episodes:
+        prev = None
+        for t in ep.transitions:
+            actions[t.agent] += 1
+            comps = t.info.get("reward_components") if isinstance(t.info, dict) else None
+            if isinstance(comps, dict):
+                for name, v in comps.items():
+                    if isinstance(v, (int, float)):
+                        team[name] += float(v)
+                        per_agent[t.agent][name] += float(v)
+            if prev is not None:
+                hops[(prev, t.agent)] += 1
+            prev = t.agent
+    out: dict[str, float] = {}
+    n = max(len(episodes), 1)
+    for name, v in team.items():
+        out[f"team/reward/{name}"] = v / n
+    for agent, comps in per_agent.items():
+        for name, v in comps.items():
+            out[f"agent/{agent}/reward/{name}"] = v / actions[agent]
+    leaving: dict[str, int] = defaultdict(int)
+    for (a, _), k in hops.items():
+        leaving[a] += k
+    for (a, b), k in hops.items():
+        out[f"route/{a}->{b}"] = k / leaving[a]
+    return out
+
+
+class ContextOverflowError(RuntimeError):
+    """An agent's prompt does not fit ``max_context`` and ``strict_context`` is on."""
+
+
+def overlong_summary(metrics: dict[str, float], suffix: str = "") -> str:
+    """``"writer 6, critic 2"`` from ``agent/<a>/overlong<suffix>`` counters ("" when none overflowed)."""
+    tail = f"/overlong{suffix}"
+    parts = [
+        f"{k[len('agent/'):-len(tail)]} {int(v)}" for k, v in metrics.items()
+        if k.startswith("agent/") and k.endswith(tail) and v
+    ]
+    return ", ".join(parts)
+
+
+def grouped_minibatch_indices(keys: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Like :func:`minibatch_indices` over ``range(len(keys))``, but indices with equal keys
+    (e.g. the segments of one action, ``Transition.action_key``) stay together, in order:
+    the units are shuffled and split."""
+    units: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        units.setdefault(k, []).append(i)
+    groups = list(units.values())
+    for chunk in minibatch_indices(len(groups), num_minibatches, rng):
+        yield np.asarray([i for j in chunk for i in groups[int(j)]], dtype=np.int64)
+
+
 def iter_minibatches(
     items: Sequence[Any], num_minibatches: int, rng: np.random.Generator, key: Callable[[Any], Any] | None = None
 ) -> Iterator[list[Any]]:
     """Shuffle ``items`` with ``rng`` and yield ``num_minibatches`` near-equal chunks.
 
-    With ``key``, items with equal keys (e.g. the segments of one action,
-    ``Transition.action_key``) stay together, in their order: the units are shuffled and split.
+    With ``key``, items with equal keys stay together (:func:`grouped_minibatch_indices`).
     """
-    if key is not None:
-        units: dict[Any, list[Any]] = {}
-        for it in items:
-            units.setdefault(key(it), []).append(it)
-        for chunk in iter_minibatches(list(units.values()), num_minibatches, rng):
-            yield [it for unit in chunk for it in unit]
-        return
-    order = rng.permutation(len(items))
-    for chunk in np.array_split(order, min(num_minibatches, max(len(items), 1))):
-        if len(chunk):
-            yield [items[int(j)] for j in chunk]
+    chunks = (
+        minibatch_indices(len(items), num_minibatches, rng)
+        if key is None
+        else grouped_minibatch_indices([key(it) for it in items], num_minibatches, rng)
+    )
+    for chunk in chunks:
+        yield [items[int(j)] for j in chunk]

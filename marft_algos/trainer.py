@@ -15,9 +15,10 @@ Extension points for subclasses (e.g. action-/token-level MARFT with a critic):
 
 - :meth:`setup` builds extra modules (critic, value heads) after the policy exists.
 - :meth:`build_optimizers` / :meth:`build_schedulers` return dicts keyed by name
-  (policy optimizers are keyed by agent; add e.g. ``"critic"``).
+  (policy optimizers are keyed by agent; internal ones take a key in the reserved
+  ``__`` namespace, e.g. :data:`CRITIC_KEY`, so that no role can collide with them).
 - :meth:`optimizer_keys` says which optimizers one agent's minibatch steps
-  (default: that agent's; IPPO adds ``"value/<agent>"``).
+  (default: that agent's; IPPO adds :func:`value_key` of the agent).
 - :meth:`update_agents` says which agents update at this step and in which order
   (agent-by-agent schedules override it).
 - :meth:`prepare_update` runs once per batch before the epochs (old / reference
@@ -32,6 +33,7 @@ importable from this module).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -44,32 +46,52 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from marft_algos.buffer import AgentBuffer, action_field, token_field
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
-from marft_algos.registry import (
-    ALGORITHMS,
-    AlgorithmSpec,
-    UnknownAlgorithmError,
-    get_algorithm,
-    list_algorithms,
-    register_algorithm,
+from marft_algos.registry import *  # noqa: F403  (the registry's names, importable from here as before)
+from marft_algos.registry import lazy_exports, list_algorithms
+from marft_algos.rollout import (
+    RolloutBatch,
+    RolloutCollector,
+    Transition,
+    grouped_minibatch_indices,
 )
-from marft_algos.rollout import RolloutBatch, RolloutCollector, Transition, iter_minibatches
 from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 
+# (the registry's and the seeding helpers' names are still importable from here; their
+# home and their __all__ are marft_algos.registry and marft_algos.seeding)
 __all__ = [
-    "ALGORITHMS",
-    "AlgorithmSpec",
-    "UnknownAlgorithmError",
-    "register_algorithm",
-    "get_algorithm",
-    "list_algorithms",
     "Trainer",
+    "CRITIC_KEY",
+    "value_key",
     "pad_sequences",
     "make_policy",
-    "seed_everything",
-    "rng_state",
-    "set_rng_state",
 ]
+
+
+#: Prefix of every internal optimizer/scheduler key (the critic's, IPPO's value heads): policy
+#: optimizers are keyed by role, and roles may not start with it (see TrainConfig.check_agents),
+#: so a role named "critic" or "value" never shares a key with the value model.
+INTERNAL_KEY_PREFIX = "__"
+#: The MARFT critic's optimizer/scheduler key.
+CRITIC_KEY = "__critic__"
+
+
+def value_key(agent: str) -> str:
+    """IPPO's optimizer key of ``agent``'s value head (internal namespace, never a role)."""
+    return f"__value__/{agent}"
+
+
+def metric_prefix(key: str, agent: str) -> str:
+    """Metric namespace of optimizer ``key`` stepped on ``agent``'s minibatch:
+    ``agent/<agent>`` for its policy, ``critic`` / ``value/<agent>`` for internal ones."""
+    if key == agent:
+        return f"agent/{agent}"
+    return key.replace("__", "") if key.startswith(INTERNAL_KEY_PREFIX) else key
+
+
+# Keys older checkpoints used for the internal optimizers.
+_LEGACY_KEYS = {"critic": CRITIC_KEY}
 
 
 def _discover() -> None:
@@ -139,7 +161,7 @@ class Trainer(ABC):
 
     Attributes:
         agents: the env's ``possible_agents`` (= policy roles).
-        optimizers / schedulers: dicts keyed by name (an agent, or e.g. ``"value/<agent>"``).
+        optimizers / schedulers: dicts keyed by name (an agent, or an internal key such as :data:`CRITIC_KEY`).
         global_step: completed training steps.
         counters: cumulative counters (``train/nonfinite_skips``, ``rollout/verifier_timeouts``, ...).
         history: the metrics dict of every step.
@@ -211,6 +233,7 @@ class Trainer(ABC):
             mode="train",
             sampling_overrides=c.sampling_overrides,
             max_context=c.max_context,
+            strict_context=c.strict_context,
         )
 
     def build_policy(self) -> Any:
@@ -242,14 +265,15 @@ class Trainer(ABC):
         """Hook: build extra modules (value heads, critic) before optimizers are built."""
 
     def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """One AdamW per agent over that agent's trainable parameters.
+        """One AdamW per agent over that agent's trainable parameters (none for frozen agents).
 
         Agents that share parameters (mode="shared") share one optimizer object.
         """
         c = self.config
         optimizers: dict[str, torch.optim.Optimizer] = {}
         by_params: dict[tuple[int, ...], torch.optim.Optimizer] = {}
-        for agent in self.agents:
+        self.check_frozen_apart()
+        for agent in self.trainable_agents():
             params = list(self.policy.trainable_parameters(agent))
             if not params:
                 raise RuntimeError(f"agent {agent!r} has no trainable parameters")
@@ -258,6 +282,25 @@ class Trainer(ABC):
                 by_params[key] = torch.optim.AdamW(params, lr=c.agent_lr(agent), weight_decay=c.weight_decay, eps=c.adam_eps)
             optimizers[agent] = by_params[key]
         return optimizers
+
+    def trainable_agents(self) -> list[str]:
+        """The agents whose policy is trained: all but ``config.frozen_agents``, in team order."""
+        frozen = set(self.config.frozen_agents)
+        return [a for a in self.agents if a not in frozen]
+
+    def check_frozen_apart(self) -> None:
+        """A frozen agent must not share parameters with a trained one (mode="shared", one
+        adapter named by two profiles): the trained agent's steps would move it too."""
+        frozen = [a for a in self.agents if a in set(self.config.frozen_agents)]
+        if not frozen:
+            return
+        trained = {id(p) for a in self.trainable_agents() for p in self.policy.trainable_parameters(a)}
+        shared = [a for a in frozen if any(id(p) in trained for p in self.policy.trainable_parameters(a))]
+        if shared:
+            raise ConfigError(
+                f"frozen_agents {shared} share their parameters with trained agents (mode={self.config.mode!r} or "
+                "profiles naming one adapter): give each agent its own adapter (mode='lora') to freeze some of them"
+            )
 
     def build_schedulers(self) -> dict[str, torch.optim.lr_scheduler.LRScheduler]:
         """One LambdaLR (warm-up, then constant or linear decay) per distinct optimizer."""
@@ -286,24 +329,35 @@ class Trainer(ABC):
         c = self.config
         sums: dict[str, list[float]] = defaultdict(list)
         self.prepare_update(batch)
+        # one buffer of padded tensors per agent; minibatches are index slices of it
+        self.buffers: dict[str, AgentBuffer] = {}
         for epoch in range(c.ppo_epochs):
             for agent in self.update_agents(batch):
-                transitions = batch.agent_transitions(agent)
-                if not transitions:
+                if agent not in self.buffers:
+                    self.buffers[agent] = self.build_buffer(agent, batch.agent_transitions(agent))
+                buffer = self.buffers[agent]
+                if not len(buffer):
                     continue
-                # a turn-level ratio needs all segments of an action in one minibatch
-                together = (lambda t: t.action_key) if getattr(c, "importance_ratio", "token") == "turn" else None
-                for mb in iter_minibatches(transitions, c.num_minibatches, self.np_rng, key=together):
+                if getattr(c, "importance_ratio", "token") == "turn":  # an action's segments in one minibatch
+                    keys = [t.action_key for t in buffer.transitions]
+                    mbs = (buffer.minibatch(i) for i in grouped_minibatch_indices(keys, c.num_minibatches, self.np_rng))
+                else:
+                    mbs = buffer.minibatches(c.num_minibatches, self.np_rng)
+                for mb in mbs:
                     for k, v in self.train_minibatch(agent, mb, epoch=epoch).items():
                         sums[k].append(v)
         self.after_update(batch)
         return {k: float(np.mean(v)) for k, v in sums.items()}
 
     # ---- update internals (overridable) --------------------------------------------
+    def build_buffer(self, agent: str, transitions: list[Transition]) -> AgentBuffer:
+        """``agent``'s trainable actions as padded tensors (after :meth:`prepare_update`)."""
+        return AgentBuffer.from_transitions(agent, transitions)
+
     def update_agents(self, batch: RolloutBatch) -> list[str]:
-        """Agents updated at this step, in order (default: all agents with data)."""
+        """Agents updated at this step, in order (default: all trained agents with data)."""
         present = set(batch.agents)
-        return [a for a in self.agents if a in present]
+        return [a for a in self.trainable_agents() if a in present]
 
     def optimizer_keys(self, agent: str) -> list[str]:
         """Optimizers stepped by one minibatch of ``agent`` (extend for value heads / critic)."""
@@ -395,8 +449,7 @@ class Trainer(ABC):
         total = loss + extra if extra is not None else loss
         ok, grad_norms = self.optimizer_step(agent, total, metrics)
         for name, gn in grad_norms.items():
-            prefix = f"agent/{agent}" if name == agent else name
-            metrics[f"{prefix}/grad_norm"] = gn
+            metrics[f"{metric_prefix(name, agent)}/grad_norm"] = gn
         metrics[f"agent/{agent}/loss"] = float(total.detach()) if torch.isfinite(total.detach()) else float("nan")
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
@@ -406,13 +459,12 @@ class Trainer(ABC):
         A minibatch that bypassed :meth:`prepare_update` falls back to the current
         log-probs, detached (ratio 1).
         """
-        if all("old_logp" in t.extras for t in mb):
-            return pad_sequences([t.extras["old_logp"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
-        return stats.logprobs.detach()
+        old = token_field(mb, "old_logp", stats.logprobs.shape[1], stats.logprobs.device)
+        return old if old is not None else stats.logprobs.detach()
 
     def advantages_tensor(self, mb: list[Transition], stats: Any) -> torch.Tensor:
         """Advantages broadcast over tokens -> [B, T] (token-level subclasses override)."""
-        adv = torch.tensor([float(t.advantage) for t in mb], dtype=torch.float32, device=stats.logprobs.device)
+        adv = action_field(mb, "advantages", torch.float32, stats.logprobs.device)
         return adv[:, None].expand_as(stats.logprobs)
 
     def ppo_config(self) -> PPOLossConfig:
@@ -444,8 +496,8 @@ class Trainer(ABC):
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))
         m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
-        if c.beta > 0 and "ref_logp" in mb[0].extras:
-            ref_logp = pad_sequences([t.extras["ref_logp"] for t in mb], logp.shape[1], device=logp.device)
+        ref_logp = token_field(mb, "ref_logp", logp.shape[1], logp.device) if c.beta > 0 else None
+        if ref_logp is not None:
             kl = losses.kl_to_reference(logp, ref_logp, mask)
             loss = loss + c.beta * kl
             m[f"agent/{agent}/ref_kl"] = float(kl.detach())
@@ -559,6 +611,9 @@ class Trainer(ABC):
         self.global_step += 1
         for key in ("rollout/verifier_timeouts", "rollout/overlong"):
             self.counters[key + "_total"] += batch.metrics.get(key, 0.0)
+        for agent in self.agents:  # per agent, for the end-of-run summary
+            if batch.metrics.get(f"agent/{agent}/overlong"):
+                self.counters[f"agent/{agent}/overlong_total"] += batch.metrics[f"agent/{agent}/overlong"]
         out: dict[str, float] = {"train/step": float(self.global_step)}
         out.update(batch.metrics)
         out.update(metrics)
@@ -576,17 +631,38 @@ class Trainer(ABC):
             if self.global_step % self.config.log_every == 0:
                 self.logger.log(self.global_step, out)
             te = self.config.transcript_every
-            if te and self.global_step % te == 0:
-                self.logger.log_transcripts(self.global_step, batch.episodes[: self.config.transcripts_per_step])
+            if te and (self.global_step % te == 0 or self.global_step == 1):  # step 1: a short run shows one early
+                self.write_transcripts(batch)
         self.last_batch = batch
         return out
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
-        """Train until ``global_step == steps`` (default ``config.steps``) or ``max_minutes``."""
-        from tqdm.auto import tqdm
+        """Train until ``global_step == steps`` (default ``config.steps``) or ``max_minutes``.
 
+        With an ``out_dir`` the run dir is locked for the duration
+        (:class:`marft_algos.rundir.RunDirLock`): a second run on it stops with an error.
+        """
         c = self.config
         target = c.steps if steps is None else steps
+        lock = None
+        if c.out_dir:  # one run at a time per run dir (re-entrant: the CLI may hold it already)
+            from marft_algos.checkpoint import clean_stale
+            from marft_algos.rundir import RunDirLock
+
+            lock = RunDirLock(c.out_dir).acquire()
+            clean_stale(Path(c.out_dir) / "checkpoints")
+        try:
+            return self._train_locked(target)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _train_locked(self, target: int) -> list[dict[str, float]]:
+        from tqdm.auto import tqdm
+
+        from marft_algos.rundir import _test_pause
+
+        c = self.config
         start = time.time()
         bar = tqdm(total=target, initial=self.global_step, disable=not c.progress, desc=f"{type(self).__name__}", dynamic_ncols=True)
         new: list[dict[str, float]] = []
@@ -603,10 +679,15 @@ class Trainer(ABC):
                     bar.total = min(target, self.global_step + math.ceil(left * len(new) / max(elapsed, 1e-9)))
                 bar.update(1)
                 bar.set_postfix(team_reward=f"{m.get('team/reward', float('nan')):.3f}", step_s=f"{m['perf/step_s']:.1f}")
+                _test_pause("step", self.global_step)  # logged, not yet saved (the crash tests)
                 if c.out_dir and c.save_every and self.global_step % c.save_every == 0:
                     self.save_checkpoint()
         finally:
             bar.close()
+        self.warn_overlong_summary()
+        last = getattr(self, "last_batch", None)
+        if self.logger is not None and last is not None and c.transcript_every and self._transcript_step != self.global_step:
+            self.write_transcripts(last)  # every run ends with its last step's transcripts
         if c.out_dir:
             self.save_checkpoint()
             if c.plot and self.logger is not None:
@@ -616,6 +697,28 @@ class Trainer(ABC):
         if self.logger is not None:
             self.logger.flush()
         return new
+
+    _transcript_step: int = -1
+
+    def write_transcripts(self, batch: RolloutBatch) -> None:
+        """Append ``transcripts_per_step`` episodes of ``batch`` (prompts included) to transcripts.jsonl."""
+        if self.logger is None:
+            return
+        self.logger.log_transcripts(self.global_step, batch.episodes[: self.config.transcripts_per_step])
+        self._transcript_step = self.global_step
+
+    def warn_overlong_summary(self) -> None:
+        """End-of-run warning: how many actions of each agent were played empty (prompt over max_context)."""
+        from marft_algos.rollout import overlong_summary
+
+        total = int(self.counters.get("rollout/overlong_total", 0))
+        if total:
+            actions = sum(h.get("rollout/actions", 0.0) for h in self.history)
+            logging.getLogger("marft").warning(
+                "%d of %d actions overflowed max_context=%d and were played as empty actions (%s): raise max_context "
+                "or shorten the prompts (see rollout/overlong in metrics.jsonl)",
+                total, int(actions), self.config.max_context, overlong_summary(self.counters, "_total"),
+            )
 
     # ---- checkpoint hooks --------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -656,12 +759,14 @@ class Trainer(ABC):
         if "optimizers" in chosen:
             self.optimizer_steps = defaultdict(int, state.get("optimizer_steps", {}))
             for k, s in state["optimizers"].items():
+                k = self._current_key(k)
                 if k in self.optimizers and "alias_of" not in s:
                     self.optimizers[k].load_state_dict(s)
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
         if "schedulers" in chosen:
             for k, s in state["schedulers"].items():
+                k = self._current_key(k)
                 if k in self.schedulers:
                     self.schedulers[k].load_state_dict(s)
         if "data" in chosen:
@@ -670,6 +775,16 @@ class Trainer(ABC):
             self.np_rng.bit_generator.state = state["np_rng"]
             set_rng_state(state["rng"])
 
+    def _current_key(self, key: str) -> str:
+        """An optimizer key of an older checkpoint (``critic``, ``value/<a>``) in today's namespace."""
+        if key in self.agents:
+            return key
+        if key in _LEGACY_KEYS:
+            return _LEGACY_KEYS[key]
+        if key.startswith("value/") and key[len("value/"):] in self.agents:
+            return value_key(key[len("value/"):])
+        return key
+
     def save_checkpoint(self, root: str | Path | None = None) -> Path:
         """Atomic checkpoint under ``<out_dir>/checkpoints`` (see :mod:`marft_algos.checkpoint`)."""
         from marft_algos.checkpoint import save_checkpoint
@@ -677,12 +792,46 @@ class Trainer(ABC):
         root = Path(root) if root is not None else Path(self.config.out_dir or ".") / "checkpoints"
         return save_checkpoint(self, root, keep=self.config.keep_checkpoints)
 
-    def load_checkpoint(self, path: str | Path, parts: Collection[str] | None = None) -> Path:
-        """Restore from a checkpoint dir, a ``checkpoints`` root, or a run dir (newest complete one);
-        ``parts``: only these :data:`~marft_algos.checkpoint.CHECKPOINT_PARTS` (default all)."""
-        from marft_algos.checkpoint import load_checkpoint
+    def load_checkpoint(
+        self, path: str | Path, parts: Collection[str] | None = None, *, check_config: bool = True
+    ) -> Path:
+        """Restore from a checkpoint dir, a ``checkpoints`` root, or a run dir (newest complete one).
 
-        return load_checkpoint(self, path, parts=parts)
+        ``parts``: only these :data:`~marft_algos.checkpoint.CHECKPOINT_PARTS` (default all).
+
+        With ``check_config`` (the default) the checkpoint's settings are compared with
+        this trainer's first (:func:`marft_algos.rundir.resume_changes`): settings that
+        cannot change on resume (env, algorithm, model, team, LoRA shape, data layout, seed)
+        raise :class:`~marft_algos.rundir.ResumeConfigError` before anything is loaded;
+        other changes apply (the new optimizer settings are written into the restored
+        optimizer states) and are listed in ``self.resume_changes``. A checkpoint whose
+        files fail to load raises :class:`~marft_algos.checkpoint.CheckpointError`.
+        """
+        from marft_algos.checkpoint import (
+            CheckpointError,
+            find_checkpoint,
+            load_checkpoint,
+            read_checkpoint_config,
+        )
+        from marft_algos.rundir import apply_optimizer_settings, resume_changes
+
+        ckpt = find_checkpoint(path)
+        saved: dict[str, Any] | None = None
+        if check_config:
+            saved = read_checkpoint_config(ckpt)
+            manifest = json.loads((ckpt / "MANIFEST.json").read_text(encoding="utf-8"))
+            self.resume_changes = resume_changes(
+                saved, self.config, saved_agents=manifest.get("agents"), agents=list(self.agents), where=ckpt
+            ).applied
+        try:
+            loaded = load_checkpoint(self, ckpt, parts=parts)
+        except (CheckpointError, OSError):
+            raise
+        except Exception as e:  # a file that verifies but does not load (written by another version?)
+            raise CheckpointError(f"{ckpt}: cannot load it ({type(e).__name__}: {e})") from e
+        if saved is not None and (parts is None or "optimizers" in parts):
+            apply_optimizer_settings(self, saved)
+        return loaded
 
 
 def _as_metrics(info: Any) -> dict[str, float]:
@@ -699,11 +848,6 @@ def _as_metrics(info: Any) -> dict[str, float]:
     return {}
 
 
-def __getattr__(name: str) -> Any:
-    # `from marft_algos.trainer import GRPOConfig` of older subclass authors: the configs
-    # live beside their algorithms now, which import this module (hence lazily)
-    if name in ("GRPOConfig", "IPPOConfig"):
-        from marft_algos import config
-
-        return getattr(config, name)
-    raise AttributeError(f"module 'marft_algos.trainer' has no attribute {name!r}")
+# `from marft_algos.trainer import GRPOConfig` of older subclass authors: the configs live
+# beside their algorithms now, which import this module (hence lazily)
+__getattr__ = lazy_exports(__name__, {"GRPOConfig": "marft_algos.algos.grpo", "IPPOConfig": "marft_algos.algos.ippo"})

@@ -18,6 +18,7 @@ from marft_envs.registration import (
     NameNotFound,
     RegistryError,
     VersionNotFound,
+    load_plugins,
     make,
     pprint_registry,
     register,
@@ -42,6 +43,7 @@ from marft_envs.workflow import WorkflowEnv, WorkflowTeam, make_workflow_env
 __version__ = "0.1.0"
 
 __all__ = [
+    "load_plugins",
     "AgentProfile",
     "Chain",
     "DAG",

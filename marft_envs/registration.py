@@ -29,7 +29,7 @@ import importlib
 import json
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,8 @@ __all__ = [
     "EnvSpec",
     "Error",
     "RegistryError",
+    "EnvArgumentError",
+    "check_arguments",
     "NameNotFound",
     "VersionNotFound",
     "registry",
@@ -44,6 +46,8 @@ __all__ = [
     "spec",
     "make",
     "pprint_registry",
+    "load_plugins",
+    "ENTRY_POINT_GROUP",
     "parse_env_id",
     "PETTINGZOO_NAMESPACE",
 ]
@@ -63,6 +67,52 @@ class RegistryError(Error, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class EnvArgumentError(Error, TypeError):
+    """An env or task was given a keyword argument it does not take (e.g. a misspelt one).
+
+    Also a ``TypeError``, what Python raises for an unexpected keyword argument.
+    """
+
+
+def accepted_arguments(fn: Callable[..., Any], *, named_only: bool = False) -> list[str] | None:
+    """Keyword arguments ``fn`` accepts, or None when it takes ``**kwargs`` (or has no
+    signature); ``named_only``: its named ones even when it also takes ``**kwargs``."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if not named_only and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.name != "self"]
+
+
+def check_arguments(
+    what: str, fn: Callable[..., Any], given: Iterable[str], hint: str = "", also: Iterable[str] = ()
+) -> None:
+    """Raise :class:`EnvArgumentError` (one line, with a did-you-mean) when ``fn`` does not take
+    one of the keyword arguments ``given``; ``what`` names ``fn`` in the message, ``also`` are
+    names elsewhere (the env's own options) that a typo may have meant."""
+    import difflib
+
+    accepted = accepted_arguments(fn)
+    if accepted is None:
+        return
+    unknown = [k for k in given if k not in accepted]
+    if not unknown:
+        return
+    bad = unknown[0]
+    close = difflib.get_close_matches(bad, [*accepted, *also], n=1)
+    msg = f"{what} has no option {bad!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+    if len(unknown) > 1:
+        msg += f" (also unknown: {', '.join(map(repr, unknown[1:]))})"
+    msg += f"; its options: {', '.join(accepted) or '(none)'}"
+    raise EnvArgumentError(msg + (f"; {hint}" if hint else ""))
 
 
 class NameNotFound(RegistryError):
@@ -149,7 +199,9 @@ class EnvSpec:
         """Instantiate: the registered kwargs (deep-copied) updated with ``kwargs``."""
         merged = copy.deepcopy(self.kwargs)
         merged.update(kwargs)
-        return load_entry_point(self.entry_point)(**merged)
+        fn = load_entry_point(self.entry_point)
+        check_arguments(f"environment {self.id!r}", fn, kwargs)  # the caller's own (a typo), before any work
+        return fn(**merged)
 
 
 registry: dict[str, EnvSpec] = {}
@@ -219,6 +271,42 @@ def _not_found(env_id: str) -> RegistryError:
     )
 
 
+#: The entry-point group third-party packages use to register their envs (see docs/environments).
+ENTRY_POINT_GROUP = "marft_envs"
+_plugins_loaded = False
+
+
+def load_plugins(*, force: bool = False) -> list[str]:
+    """Load every ``marft_envs`` entry point of the installed packages; returns their names.
+
+    A package declares, in its ``pyproject.toml``::
+
+        [project.entry-points.marft_envs]
+        my_envs = "my_package.envs"            # a module whose import registers its envs
+        more = "my_package.envs:register_all"  # or a function that registers them
+
+    A module is imported, a callable is called with no arguments. Loaded once per process
+    (``force`` loads again); :func:`spec` loads them before reporting an unknown id.
+    A failing plugin is an :class:`Error` naming it.
+    """
+    global _plugins_loaded
+    if _plugins_loaded and not force:
+        return []
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    names = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj):
+                obj()
+        except Exception as e:
+            raise Error(f"the {ENTRY_POINT_GROUP} entry point {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}") from e
+        names.append(ep.name)
+    return names
+
+
 def spec(env_id: str) -> EnvSpec:
     """The :class:`EnvSpec` of ``env_id`` (``"pkg.module:id"`` imports ``pkg.module`` first).
 
@@ -241,6 +329,8 @@ def spec(env_id: str) -> EnvSpec:
             latest = versions[-1]
             warnings.warn(f"using the latest version {latest.id!r} for the unversioned id {env_id!r}", stacklevel=3)
             return latest
+    if not _plugins_loaded and load_plugins():  # an id of an installed plugin package
+        return spec(env_id)
     raise _not_found(env_id)
 
 

@@ -112,6 +112,7 @@ from gymnasium.utils import seeding
 from pettingzoo import AECEnv
 
 from marft_envs.profiles import Team
+from marft_envs.registration import EnvArgumentError, accepted_arguments, check_arguments
 from marft_envs.rewards import RewardConfig
 from marft_envs.spaces import UnicodeText, action_space, observation_space
 from marft_envs.tasks import resolve_task_class
@@ -230,15 +231,20 @@ class ResetNeededError(RuntimeError, AssertionError):
 def _build_task(task: Task | str, task_kwargs: Mapping[str, Any] | None, options: dict[str, Any]) -> Task:
     if isinstance(task, Task):
         if task_kwargs or options:
-            raise TypeError(
+            raise EnvArgumentError(
                 f"unexpected arguments {sorted({**(task_kwargs or {}), **options})} for a Task instance "
-                "(task options apply only when the task is given by name)"
+                f"({type(task).__name__}): task options apply only when the task is given by name; pass them to "
+                f"the task's constructor instead ({type(task).__name__}(...)), or give the task as 'module:Class' "
+                "so that the options reach it"
             )
         return task
     if not isinstance(task, str):
         raise TypeError(f"task must be a Task, a task name or 'module:Class', got {type(task).__name__}")
     cls = resolve_task_class(task)
     kwargs = {**(task_kwargs or {}), **options}
+    env_options = [a for a in accepted_arguments(TextTeamEnv, named_only=True) or [] if a != "task_options"]
+    check_arguments(f"task {task!r} ({cls.__name__})", cls, kwargs,
+                    "options of the env itself: " + ", ".join(env_options), also=env_options)
     try:
         return cls(**kwargs)
     except TypeError as e:

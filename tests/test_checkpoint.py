@@ -90,7 +90,7 @@ def test_resume_gives_identical_metrics(tmp_path, algo):
     assert steps == [1, 2, 3, 4]
 
 
-def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, caplog):
     t = GRPOTrainer(grpo_cfg(tmp_path, steps=1), policy=letter_policy())
     t.train()  # final save at step 1
     root = tmp_path / "checkpoints"
@@ -125,7 +125,9 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     with open(root / "step-00000002" / "trainer.pt", "r+b") as fh:
         fh.seek(10)
         fh.write(b"\x00\x01\x02\x03")
-    assert find_checkpoint(tmp_path) == good
+    with caplog.at_level("WARNING", logger="marft"):
+        assert find_checkpoint(tmp_path) == good
+    assert "using the older checkpoint" in caplog.text and "step-00000002: file trainer.pt fails its checksum" in caplog.text
     with pytest.raises(CheckpointError):
         ckpt_mod.verify_checkpoint(root / "step-00000002")
 
@@ -168,3 +170,32 @@ def test_load_in_parts_restores_only_what_is_asked(tmp_path):
     with pytest.raises(ValueError, match="unknown checkpoint parts"):
         dst.load_checkpoint(tmp_path / "src", parts=("weights", "optimiser"))
     assert set(CHECKPOINT_PARTS) == {"weights", "optimizers", "schedulers", "rng", "data", "progress"}
+
+
+def test_no_usable_checkpoint_says_why(tmp_path):
+    t = GRPOTrainer(grpo_cfg(tmp_path, steps=1), policy=letter_policy())
+    t.train()
+    (tmp_path / "checkpoints" / "step-00000001" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"no usable checkpoint under .*step-00000001: file config.json has the wrong size"):
+        find_checkpoint(tmp_path)
+
+
+def test_stale_leftovers_are_cleaned_but_live_saves_are_not(tmp_path):
+    import os
+
+    t = GRPOTrainer(grpo_cfg(tmp_path, steps=1), policy=letter_policy())
+    t.train()
+    root = tmp_path / "checkpoints"
+    dead = 4194304 + 7  # above Linux's largest pid: never a live process
+    # a kill between the two renames of a same-step re-save: the old dir is all that is left
+    os.rename(root / "step-00000001", root / f".old-step-00000001-{dead}-1")
+    live = root / f".tmp-step-00000002-{os.getppid()}-1"  # another live process's save in progress
+    stale = root / f".tmp-step-00000002-{dead}-1"
+    live.mkdir()
+    stale.mkdir()
+    ckpt_mod.clean_stale(root)
+    assert find_checkpoint(tmp_path).name == "step-00000001"  # put back
+    assert not list(root.glob(".old-*")) and not stale.exists() and live.exists()
+    t.train_step()
+    t.save_checkpoint()  # its prune keeps the live process's temp dir too
+    assert live.exists() and not stale.exists()

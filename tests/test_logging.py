@@ -70,3 +70,64 @@ def test_learning_curve_png(tmp_path):
     out = plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.png")
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_learning_curve(tmp_path / "missing.jsonl", tmp_path / "none.png") is None
+
+
+def test_learning_curve_has_one_panel_per_quantity_and_integer_steps(tmp_path):
+    from marft_algos.plotting import curve_panels
+
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    for step in range(1, 4):
+        row = {"team/reward": 0.1 * step, "team/accuracy": 0.1 * step, "team/tokens_per_episode": 30.0 + step,
+               "agent/a/kl": 1e-5 * step, "agent/b/kl": 2e-5, "agent/a/entropy": 2.0, "agent/a/reward/format": 0.5}
+        if step in (1, 3):
+            row.update({"eval/accuracy": 0.2 * step, "eval/ci_low": 0.1 * step, "eval/ci_high": 0.3 * step})
+        log.log(step, row)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    panels = dict(curve_panels(rows))
+    # KL and entropy never share an axis; reward components are not mistaken for diagnostics
+    assert panels["per-agent kl"] == ["agent/a/kl", "agent/b/kl"] and panels["per-agent entropy"] == ["agent/a/entropy"]
+    assert panels["held-out accuracy (95% interval)"] == ["eval/accuracy"]
+    assert panels["cost"] == ["team/tokens_per_episode"] and panels["team reward"] == ["team/reward", "team/accuracy"]
+    out = plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.png")
+    assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_batch_metrics_hold_reward_components_and_route_rates():
+    from marft_algos.rollout import component_and_route_metrics
+
+    def ep(eid, hops, comps):
+        e = Episode(episode_id=eid, group_id=0, seed=1)
+        for k, agent in enumerate(hops):
+            info = {"reward_components": comps} if k == len(hops) - 1 else {}
+            e.transitions.append(Transition(eid, 0, k, 0, agent, [1], [2], [-0.1], info=info))
+        return e
+
+    m = component_and_route_metrics([
+        ep(0, ["router", "math"], {"outcome": 1.0, "format": 0.1}),
+        ep(1, ["router", "code"], {"outcome": 0.0, "format": 0.1, "cost": -0.2}),
+        ep(2, ["router", "math"], {"outcome": 1.0, "format": 0.0}),
+    ])
+    assert m["route/router->math"] == 2 / 3 and m["route/router->code"] == 1 / 3
+    assert m["team/reward/outcome"] == 2 / 3 and m["team/reward/cost"] == -0.2 / 3
+    assert m["agent/math/reward/outcome"] == 1.0 and m["agent/code/reward/cost"] == -0.2
+    assert "agent/router/reward/outcome" not in m  # the router's own steps were not graded
+
+
+def test_a_two_step_run_writes_transcripts_with_prompts_at_step_1_and_at_the_end(tmp_path):
+    import pytest
+
+    pytest.importorskip("marft_algos.models")
+    from helpers.marft_echo import echo_kwargs, letter_policy
+
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
+
+    kw = echo_kwargs(out_dir=str(tmp_path), steps=2, transcript_every=10, group_size=2)
+    kw.pop("recovery"), kw.pop("critic_lr")
+    t = GRPOTrainer(GRPOConfig(**kw), policy=letter_policy())
+    t.train()
+    tr = [json.loads(x) for x in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in tr}) == [1, 2]
+    action = tr[0]["episode"]["actions"][0]
+    assert action["agent"] == "speaker" and any("vocabulary" in m["content"].lower() for m in action["prompt"])
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert "team/reward/outcome" in rows[0] and "route/speaker->listener" in rows[0]

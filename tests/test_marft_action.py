@@ -31,6 +31,7 @@ from helpers.marft_echo import (  # noqa: E402
 
 from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
 from marft_algos.models import TeamPolicy, TokenStats  # noqa: E402
+from marft_algos.trainer import CRITIC_KEY  # noqa: E402
 
 
 def tiny_config(**kw) -> MARFTActionConfig:
@@ -254,7 +255,7 @@ def test_kl_hard_cut_skips_the_policy_step_not_the_critic_and_logs_per_agent():
         assert t.optimizer_steps[a] == 1  # epoch 1 stepped, epoch 2 was cut
         assert t.counters[f"agent/{a}/kl_cuts"] == 1
         assert m[f"agent/{a}/kl_cuts"] == 1
-    assert t.optimizer_steps["critic"] == 4  # 2 epochs x 2 agents: the critic never stops
+    assert t.optimizer_steps[CRITIC_KEY] == 4  # 2 epochs x 2 agents: the critic never stops
     assert m["train/kl_cuts"] == 2
 
 
@@ -289,7 +290,7 @@ def test_kl_cut_fires_at_default_epochs_when_the_policy_moved_since_the_rollout(
     assert m["agent/speaker/action_kl"] > 1e-3 and m["agent/speaker/kl_cut"] == 1.0
     assert t.counters["agent/speaker/kl_cuts"] == 1 and t.optimizer_steps["speaker"] == 0
     assert m["agent/listener/kl_cut"] == 0.0 and t.optimizer_steps["listener"] == 1  # its adapter did not move
-    assert t.optimizer_steps["critic"] == 2
+    assert t.optimizer_steps[CRITIC_KEY] == 2
 
 
 @pytest.mark.parametrize("mode, source", [("shared", "sampler"), ("full", "sampler"), ("shared", "recomputed")])

@@ -64,6 +64,7 @@ pytest.importorskip("marft_algos.models")
 from helpers.marft_echo import echo_kwargs, letter_policy  # noqa: E402
 
 from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
+from marft_algos.trainer import CRITIC_KEY  # noqa: E402
 
 
 def recovering_trainer(tmp_path, **kw) -> MARFTActionTrainer:
@@ -109,7 +110,7 @@ def test_injected_nan_triggers_exactly_one_rollback_and_training_continues(tmp_p
     assert hist[2]["recovery/rollback"] == 1.0
     # lr halved for every optimizer, policy and critic
     assert t.optimizers["speaker"].param_groups[0]["lr"] == pytest.approx(0.5 * lr0)
-    assert t.optimizers["critic"].param_groups[0]["lr"] == pytest.approx(0.5 * t.config.critic_lr)
+    assert t.optimizers[CRITIC_KEY].param_groups[0]["lr"] == pytest.approx(0.5 * t.config.critic_lr)
     assert t.lr_scale == 0.5
     # the rollback is on disk too
     lines = (tmp_path / "run" / "recovery.jsonl").read_text().splitlines()

@@ -106,3 +106,23 @@ def test_train_and_eval_commands(blocks: list[list[str]], shell_env: dict[str, s
     proc = _run(eval_cmd, tmp_path, shell_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"accuracy \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] on 8 test problems", proc.stdout), proc.stdout[-2000:]
+
+
+def test_the_tiny_model_fits_a_realistic_three_agent_prompt():
+    """The tiny model spends one token per byte: its context must hold a three-agent team's
+    prompt (system prompt, problem, two predecessors' 256-token actions) within the
+    trainers' default max_context (issue 19; the old 512-position model overflowed)."""
+    import marft_envs
+    from marft_algos.config import TrainConfig
+    from marft_algos.models import TeamPolicy
+
+    env = marft_envs.make("arith-trio-v0")
+    env.reset(seed=0)
+    pol = TeamPolicy(list(env.possible_agents), base="tiny-random")
+    for _ in env.possible_agents[:-1]:
+        env.step("x" * 256)  # a predecessor using its whole 256-token (= byte) budget
+    last = env.agent_selection
+    prompt = pol.encode(last, env.messages(last))
+    assert len(prompt) > 512  # what the tutorial's readers hit
+    default = TrainConfig.__dataclass_fields__["max_context"].default
+    assert pol.max_context(last) >= default and len(prompt) + 256 <= default

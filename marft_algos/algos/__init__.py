@@ -9,20 +9,13 @@ looked up. A new algorithm registers itself with
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from marft_algos.registry import lazy_exports
 
 __all__ = ["GRPOTrainer", "IPPOTrainer", "MARFTActionTrainer", "MARFTTokenTrainer"]
 
-_LAZY = {
-    "GRPOTrainer": "marft_algos.algos.grpo",
-    "IPPOTrainer": "marft_algos.algos.ippo",
-    "MARFTActionTrainer": "marft_algos.algos.marft_action",
-    "MARFTTokenTrainer": "marft_algos.algos.marft_token",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'marft_algos.algos' has no attribute {name!r}")
+__getattr__ = lazy_exports(
+    __name__,
+    {name: f"{__name__}.{module}" for name, module in (
+        ("GRPOTrainer", "grpo"), ("IPPOTrainer", "ippo"), ("MARFTActionTrainer", "marft_action"), ("MARFTTokenTrainer", "marft_token"),
+    )},
+)

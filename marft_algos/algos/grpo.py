@@ -40,11 +40,6 @@ from marft_algos.trainer import Trainer
 __all__ = ["GRPOConfig", "GRPOTrainer"]
 
 
-def _group_for_global(value: Any) -> Any:
-    """GRPO's old ``normalize="global"`` is ``normalize_advantages="group"``."""
-    return "group" if value == "global" else value
-
-
 @dataclass
 class GRPOConfig(PPOLossConfig, TrainConfig):
     """Group Relative Policy Optimisation for a team (one adapter per agent by default).
@@ -57,12 +52,15 @@ class GRPOConfig(PPOLossConfig, TrainConfig):
     group_size: int = field(default=4, metadata={"help": "G: samples (episodes) per problem; must divide num_envs."})
     normalize_advantages: str = field(default="group", metadata={"help": "'group' (one baseline per group), 'agent' (per group and agent, Dr. MAS) or 'none' (centred on the group mean, never scaled)."})
     scale_rewards: bool = field(default=True, metadata={"help": "Divide group-centred rewards by their std (False = Dr. GRPO)."})
-    reward_source: str = field(default="team", metadata={"help": "'team': every action gets the episode's team return; 'agent': the sum of the rewards credited to the agent (PettingZoo cumulative rewards: a team reward given to all agents counts for each)."})
+    reward_source: str = field(default="auto", metadata={"help": "'team': every action gets the episode's team return; 'agent': the sum of the rewards credited to the agent (PettingZoo cumulative rewards: a team reward given to all agents counts for each); 'auto': 'agent' for envs without a team reward (games), else 'team'."})
+    advantage_estimator: str = field(default="group", metadata={"help": "'group': one group-relative advantage per (episode[, agent]); 'turn': MARS turn-level advantages (each action's return from its agent's own later rewards, normalised per (group, agent) with normalize_advantages='agent', per group with 'group', raw with 'none')."})
+    turn_gamma: float = field(default=1.0, metadata={"help": "advantage_estimator='turn': discount between an agent's consecutive turns."})
     eps_high: float = with_default(PPOLossConfig, "eps_high", 0.28)
     dynamic_sampling: bool = field(default=False, metadata={"help": "DAPO dynamic sampling: drop groups whose rewards are all equal and resample."})
     max_resample_tries: int = field(default=3, metadata={"help": "Extra collection rounds to fill the batch when dynamic sampling drops groups."})
 
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"normalize": ("normalize_advantages", _group_for_global)}
+    # the old normalize="global" is normalize_advantages="group"
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"normalize": ("normalize_advantages", lambda v: "group" if v == "global" else v)}
 
     def __post_init__(self) -> None:
         if self.normalize_advantages == "global":
@@ -74,8 +72,12 @@ class GRPOConfig(PPOLossConfig, TrainConfig):
         if self.num_envs % self.group_size:
             raise ConfigError(f"num_envs ({self.num_envs}) must be a multiple of group_size ({self.group_size})")
         check_normalization(self.normalize_advantages, ("group", "agent", "none"), "grpo")
-        if self.reward_source not in ("team", "agent"):
-            raise ConfigError(f"reward_source must be 'team' or 'agent', got {self.reward_source!r}")
+        if self.reward_source not in ("auto", "team", "agent"):
+            raise ConfigError(f"reward_source must be 'auto', 'team' or 'agent', got {self.reward_source!r}")
+        if self.advantage_estimator not in ("group", "turn"):
+            raise ConfigError(f"advantage_estimator must be 'group' or 'turn', got {self.advantage_estimator!r}")
+        if not 0.0 <= self.turn_gamma <= 1.0:
+            raise ConfigError(f"turn_gamma must be in [0, 1], got {self.turn_gamma}")
         if self.max_resample_tries < 0:
             raise ConfigError(f"max_resample_tries must be >= 0, got {self.max_resample_tries}")
 
@@ -89,6 +91,15 @@ class GRPOTrainer(Trainer):
     def __init__(self, config: GRPOConfig, **kwargs: Any) -> None:
         self.group_size = config.group_size
         super().__init__(config, **kwargs)
+        _ = self.reward_source  # resolve now: a wrong setting fails at construction, not mid-run
+
+    @property
+    def reward_source(self) -> str:
+        """The effective reward source: ``config.reward_source`` with ``"auto"`` resolved
+        (``"agent"`` for envs without a team reward, e.g. games; see :mod:`marft_algos.reward_source`)."""
+        from marft_algos.reward_source import trainer_reward_source
+
+        return trainer_reward_source(self, "grpo")
 
     # ---- rollouts with DAPO dynamic sampling ----------------------------------------
     def collect(self) -> RolloutBatch:
@@ -140,7 +151,7 @@ class GRPOTrainer(Trainer):
         """The samples the advantages are computed over: ``(transitions, reward, group, agent)``
         per episode (team reward, global baseline) or per (episode, agent)."""
         c = self.config
-        per_agent_units = c.reward_source == "agent" or c.normalize_advantages == "agent"
+        per_agent_units = self.reward_source == "agent" or c.normalize_advantages == "agent"
         units: list[list[Transition]] = []  # the transitions of each sample
         rewards: list[float] = []
         group_ids: list[int] = []
@@ -148,7 +159,7 @@ class GRPOTrainer(Trainer):
         for ep in episodes:
             if per_agent_units:
                 for agent in dict.fromkeys(t.agent for t in ep.transitions):
-                    R = ep.team_return if c.reward_source == "team" else ep.agent_return(agent)
+                    R = ep.team_return if self.reward_source == "team" else ep.agent_return(agent)
                     units.append(ep.agent_transitions(agent))
                     rewards.append(R)
                     group_ids.append(ep.group_id)
@@ -172,6 +183,9 @@ class GRPOTrainer(Trainer):
         from marft_algos.advantages import grpo_advantages
 
         c = self.config
+        if c.advantage_estimator == "turn":
+            self._turn_advantages(batch)
+            return
         units, rewards, group_ids, agent_ids = self._units(batch.episodes)
         if not units:
             return
@@ -186,3 +200,23 @@ class GRPOTrainer(Trainer):
             for t in trs:
                 t.advantage = float(a)
                 t.returns = float(R)
+
+    def _turn_advantages(self, batch: RolloutBatch) -> None:
+        """MARS: each action's return from its agent's own later rewards, normalised per
+        (group, agent) (see :func:`~marft_algos.advantages.turn_level_advantages`)."""
+        from marft_algos.advantages import turn_level_advantages
+
+        c = self.config
+        trs = batch.transitions
+        if not trs:
+            return
+        adv, ret = turn_level_advantages(
+            [t.credited_reward if self.reward_source == "agent" else t.team_reward for t in trs],
+            [t.agent for t in trs],
+            [t.episode_id for t in trs],
+            gamma=c.turn_gamma,
+            normalize={"agent": "agent", "group": "batch", "none": "none"}[c.normalize_advantages],
+            group_ids=[t.group_id for t in trs],
+        )
+        for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
+            t.advantage, t.returns = float(a), float(r)

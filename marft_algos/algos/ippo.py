@@ -9,10 +9,13 @@ agent's own transitions of an episode, in order, with no chaining across agents
     A_k     = delta_k + gamma * lam * (1 - done_k) * A_{k+1}
     R_k     = A_k + V_i(o_k)
 
-``r_k`` is the team reward of the turn of action k (``reward_source="team"``, the
-default) or the reward credited to the agent for action k (``reward_source="agent"``). The loss per agent is the PPO clipped surrogate
+``r_k`` is the team reward of the turn of action k (``reward_source="team"``) or the
+reward credited to the agent for action k (``reward_source="agent"``: PettingZoo's
+cumulative rewards, so a game's -1 to the loser, given on the winner's move, counts);
+``"auto"`` (default) picks ``"agent"`` for envs without a team reward (games).
+``advantage_estimator="turn"`` replaces GAE with MARS's turn-level returns. The loss per agent is the PPO clipped surrogate
 (+ optional entropy bonus and KL to the reference) plus ``vf_coef`` times the value
-loss of that agent's head; the head has its own optimizer (``value/<agent>``).
+loss of that agent's head; the head has its own optimizer (``__value__/<agent>``, metrics ``value/<agent>/...``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marft_algos.buffer import action_field
 from marft_algos.config import (
     ConfigError,
     CriticConfig,
@@ -37,14 +41,9 @@ from marft_algos.config import (
 )
 from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import Trainer
+from marft_algos.trainer import Trainer, value_key
 
 __all__ = ["IPPOConfig", "IPPOTrainer"]
-
-
-def _source_of_team_reward(team_reward: Any) -> str:
-    """IPPO's old ``team_reward`` bool is ``reward_source``."""
-    return "team" if team_reward else "agent"
 
 
 @dataclass
@@ -57,11 +56,13 @@ class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
 
     gamma: float = field(default=0.99, metadata={"help": "Discount between an agent's consecutive actions (turns)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda."})
-    reward_source: str = field(default="team", metadata={"help": "'team': each action gets its turn's team reward; 'agent': the rewards credited to the agent for that action (PettingZoo cumulative rewards)."})
+    reward_source: str = field(default="auto", metadata={"help": "'team': each action gets its turn's team reward; 'agent': the rewards credited to the agent for that action (PettingZoo cumulative rewards); 'auto': 'agent' for envs without a team reward (games), else 'team'."})
+    advantage_estimator: str = field(default="gae", metadata={"help": "'gae': per-agent GAE with the value heads; 'turn': MARS turn-level advantages (each action's discounted return from its agent's own later rewards, normalised as normalize_advantages says; the value heads still learn those returns)."})
     normalize_advantages: str = field(default="agent", metadata={"help": "'agent' (whiten per agent within the batch), 'batch' (over all trainable actions) or 'none'."})
     value_loss: str = with_default(CriticConfig, "value_loss", "mse")
 
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"team_reward": ("reward_source", _source_of_team_reward)}
+    # the old team_reward=True/False is reward_source="team"/"agent"
+    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"team_reward": ("reward_source", lambda b: "team" if b else "agent")}
 
     def __post_init__(self) -> None:
         if isinstance(self.normalize_advantages, bool):  # the old bool: per agent or off
@@ -72,8 +73,10 @@ class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if not (0 <= self.lam <= 1):
             raise ConfigError(f"lam must be in [0, 1], got {self.lam}")
-        if self.reward_source not in ("team", "agent"):
-            raise ConfigError(f"reward_source must be 'team' or 'agent', got {self.reward_source!r}")
+        if self.reward_source not in ("auto", "team", "agent"):
+            raise ConfigError(f"reward_source must be 'auto', 'team' or 'agent', got {self.reward_source!r}")
+        if self.advantage_estimator not in ("gae", "turn"):
+            raise ConfigError(f"advantage_estimator must be 'gae' or 'turn', got {self.advantage_estimator!r}")
         check_normalization(self.normalize_advantages, ("none", "batch", "agent"), "ippo")
 
 
@@ -86,6 +89,15 @@ class IPPOTrainer(Trainer):
     def __init__(self, config: IPPOConfig, *, value_model: Any = None, **kwargs: Any) -> None:
         self._value_model_arg = value_model
         super().__init__(config, **kwargs)
+        _ = self.reward_source  # resolve now: a wrong setting fails at construction, not mid-run
+
+    @property
+    def reward_source(self) -> str:
+        """The effective reward source: ``config.reward_source`` with ``"auto"`` resolved
+        (``"agent"`` for envs without a team reward, e.g. games; see :mod:`marft_algos.reward_source`)."""
+        from marft_algos.reward_source import trainer_reward_source
+
+        return trainer_reward_source(self, "ippo")
 
     # ---- modules ---------------------------------------------------------------------
     def setup(self) -> None:
@@ -107,15 +119,15 @@ class IPPOTrainer(Trainer):
         return [p for p in vm.heads[agent].parameters() if p.requires_grad]
 
     def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """The policy optimizers plus one AdamW per value head (``value/<agent>``)."""
+        """The policy optimizers plus one AdamW per value head (:func:`~marft_algos.trainer.value_key`)."""
         opts = super().build_optimizers()
         for agent in self.agents:
-            opts[f"value/{agent}"] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.critic_lr, eps=self.config.adam_eps)
+            opts[value_key(agent)] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.critic_lr, eps=self.config.adam_eps)
         return opts
 
     def optimizer_keys(self, agent: str) -> list[str]:
         """An agent's minibatch steps its policy and its own value head."""
-        return [agent, f"value/{agent}"]
+        return [agent, value_key(agent)]
 
     # ---- values and advantages --------------------------------------------------------
     def values_of(self, agent: str, prompts: list[list[int]]) -> torch.Tensor:
@@ -139,7 +151,15 @@ class IPPOTrainer(Trainer):
             return
         # own rewards: those credited to the action (t.reward, read right after the agent's own
         # step, is 0 for every agent but the one that closes the turn)
-        rewards = [t.team_reward if c.reward_source == "team" else t.credited_reward for t in trs]
+        rewards = [t.team_reward if self.reward_source == "team" else t.credited_reward for t in trs]
+        if c.advantage_estimator == "turn":
+            from marft_algos.advantages import turn_level_advantages
+
+            adv, ret = turn_level_advantages(rewards, [t.agent for t in trs], [t.episode_id for t in trs],
+                                             gamma=c.gamma, normalize=c.normalize_advantages)
+            for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
+                t.advantage, t.returns = float(a), float(r)
+            return
         adv, ret = per_agent_gae(
             rewards,
             [t.value for t in trs],
@@ -181,8 +201,8 @@ class IPPOTrainer(Trainer):
 
         c = self.config
         v = self._critic.minibatch_action_values(agent, mb)
-        returns = torch.tensor([t.returns for t in mb], dtype=v.dtype, device=v.device)
-        old_v = torch.tensor([t.value for t in mb], dtype=v.dtype, device=v.device)
+        returns = action_field(mb, "returns", v.dtype, v.device)
+        old_v = action_field(mb, "values", v.dtype, v.device)
         vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss, delta=c.huber_delta)
         return c.vf_coef * vloss, {
             f"agent/{agent}/value_loss": float(vloss.detach()),

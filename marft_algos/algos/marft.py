@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marft_algos.buffer import token_field
 from marft_algos.config import (
     ConfigError,
     CriticConfig,
@@ -29,7 +30,7 @@ from marft_algos.config import (
     check_normalization,
 )
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import Trainer
+from marft_algos.trainer import CRITIC_KEY, Trainer
 
 __all__ = ["MARFTConfig", "MARFTTrainerBase"]
 
@@ -68,6 +69,10 @@ class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
 
     renamed_settings: typing.ClassVar[dict[str, Renamed]] = _recovery_renames()
 
+    def chain_discounts(self) -> dict[str, float]:
+        """The chain's hop discounts as keyword arguments of the estimators in :mod:`marft_algos.advantages`."""
+        return {"gamma_agent": self.gamma_agent, "lam_agent": self.lam_agent, "gamma_turn": self.gamma_turn, "lam_turn": self.lam_turn}
+
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("gamma_agent", "lam_agent", "gamma_turn", "lam_turn"):
@@ -104,12 +109,21 @@ class MARFTTrainerBase(Trainer):
         self.lr_scale = 1.0
         super().__init__(config, **kwargs)
         if config.agent_by_agent:
-            shared = [a for a in self.agents if any(b != a and self.optimizers[b] is self.optimizers[a] for b in self.agents)]
+            trained = self.trainable_agents()
+            shared = [a for a in trained if any(b != a and self.optimizers[b] is self.optimizers[a] for b in trained)]
             if shared:
                 raise ConfigError(
                     f"agent_by_agent needs separate parameters per agent, but {shared} share theirs (mode={config.mode!r} or "
                     "profiles naming one adapter): a step on one agent's data would move the others too"
                 )
+        from marft_algos.reward_source import env_has_team_reward
+
+        if not env_has_team_reward(self.collector.envs[0]):  # one value chain = one shared return
+            raise ConfigError(
+                f"{type(self).__name__} credits one team return through one chain of all agents' actions, but "
+                f"{type(self.collector.envs[0]).__name__} gives each agent its own reward (a game): use 'grpo' or 'ippo' "
+                "(they train on each agent's own rewards there)"
+            )
         self.recovery = None
         if config.recovery.enabled:
             from marft_algos.recovery import CollapseRecovery
@@ -125,9 +139,9 @@ class MARFTTrainerBase(Trainer):
         self.critic = Critic(self.policy, self.agents, per_agent=c.critic_per_agent, lora=c.critic_lora, value_model=self._value_model_arg)
 
     def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """The policy optimizers plus the critic's (``"critic"``), at the current rollback lr scale."""
+        """The policy optimizers plus the critic's (:data:`~marft_algos.trainer.CRITIC_KEY`), at the current rollback lr scale."""
         opts = super().build_optimizers()
-        opts["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=self.config.critic_lr * self.lr_scale, eps=self.config.adam_eps)
+        opts[CRITIC_KEY] = torch.optim.AdamW(self.critic.parameters(), lr=self.config.critic_lr * self.lr_scale, eps=self.config.adam_eps)
         return opts
 
     def optimizer_keys(self, agent: str) -> list[str]:
@@ -146,12 +160,18 @@ class MARFTTrainerBase(Trainer):
         """
         c = self.config
         k = self.global_step if step is None else step
-        pool = [a for a in self.agents if present is None or a in present]
+        # frozen agents never step their policy
+        pool = [a for a in self.trainable_agents() if present is None or a in present]
         if k < c.critic_warmup_steps or not pool:
             return []
         if not c.agent_by_agent:
             return pool
         return [pool[((k - c.critic_warmup_steps) // c.agent_interval) % len(pool)]]
+
+    def update_agents(self, batch: RolloutBatch) -> list[str]:
+        """Every agent with data, frozen ones included: the critic learns from all actions."""
+        present = set(batch.agents)
+        return [a for a in self.agents if a in present]
 
     def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
         # no policy update at this step (critic warm-up): no old/reference log-probs needed
@@ -195,13 +215,13 @@ class MARFTTrainerBase(Trainer):
     def critic_step(self, agent: str, mb: list[Transition]) -> dict[str, float]:
         """One guarded critic optimizer step on ``agent``'s minibatch (never vetoed by the KL cut)."""
         loss, metrics = self.critic_loss(agent, mb)
-        self._step_keys = ["critic"]
+        self._step_keys = [CRITIC_KEY]
         try:
             ok, norms = self.optimizer_step(agent, self.config.vf_coef * loss, metrics)
         finally:
             self._step_keys = None
-        if "critic" in norms:
-            metrics["critic/grad_norm"] = norms["critic"]
+        if CRITIC_KEY in norms:
+            metrics["critic/grad_norm"] = norms[CRITIC_KEY]
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
     def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -211,15 +231,14 @@ class MARFTTrainerBase(Trainer):
     def entropy_and_penalties(self, agent: str, mb: list[Transition], stats: Any, loss: torch.Tensor, m: dict[str, float]) -> torch.Tensor:
         """Add the entropy bonus and the KL penalty to the reference to a policy loss."""
         from marft_algos import losses
-        from marft_algos.trainer import pad_sequences
 
         c = self.config
         mask = stats.mask.float()
         m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
         if c.ent_coef > 0:
             loss = loss - losses.entropy_bonus(stats.entropy, mask, c.ent_coef)
-        if c.beta > 0 and "ref_logp" in mb[0].extras:
-            ref = pad_sequences([t.extras["ref_logp"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
+        ref = token_field(mb, "ref_logp", stats.logprobs.shape[1], stats.logprobs.device) if c.beta > 0 else None
+        if ref is not None:
             kl = losses.kl_to_reference(stats.logprobs, ref, mask)
             loss = loss + c.beta * kl
             m[f"agent/{agent}/ref_kl"] = float(kl.detach())

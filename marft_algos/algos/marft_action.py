@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from marft_algos.algos.marft import MARFTConfig, MARFTTrainerBase, _check
+from marft_algos.buffer import action_field
 from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
 
@@ -89,16 +90,12 @@ class MARFTActionTrainer(MARFTTrainerBase):
             [t.value for t in trs],
             [t.turn for t in trs],
             [t.episode_id for t in trs],
-            gamma_agent=c.gamma_agent,
-            lam_agent=c.lam_agent,
-            gamma_turn=c.gamma_turn,
-            lam_turn=c.lam_turn,
             # an action without a value (its prompt did not fit) passes the chain through
             passthrough=[not t.trainable for t in trs],
+            **c.chain_discounts(),
         )
         for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
             t.advantage, t.returns = float(a), float(r)
-            t.extras["raw_advantage"] = float(a)
 
         def put(t: Transition, v: Any) -> None:
             t.advantage = float(v)
@@ -112,8 +109,8 @@ class MARFTActionTrainer(MARFTTrainerBase):
 
         c = self.config
         v = self.critic.minibatch_action_values(agent, mb)
-        returns = torch.tensor([t.returns for t in mb], dtype=v.dtype, device=v.device)
-        old_v = torch.tensor([t.value for t in mb], dtype=v.dtype, device=v.device)
+        returns = action_field(mb, "returns", v.dtype, v.device)
+        old_v = action_field(mb, "values", v.dtype, v.device)
         loss = losses.value_loss(v, returns, old_v, kind=c.value_loss, delta=c.huber_delta, clip=c.value_clip)
         return loss, {
             f"agent/{agent}/value_loss": float(loss.detach()),
@@ -132,7 +129,7 @@ class MARFTActionTrainer(MARFTTrainerBase):
         n_words = [max(1, len(t.text.split())) for t in mb] if c.logprob_norm == "word" else None
         logp = losses.action_logprob(stats.logprobs, mask, c.logprob_norm, n_words)
         old = losses.action_logprob(old_tok, mask, c.logprob_norm, n_words)
-        adv = torch.tensor([float(t.advantage) for t in mb], dtype=logp.dtype, device=logp.device)
+        adv = action_field(mb, "advantages", logp.dtype, logp.device)
         loss, info = losses.ppo_policy_loss(logp, old, adv, None, eps_low=c.eps_low, eps_high=c.eps_high)
         m = {f"agent/{agent}/{k}": float(v) for k, v in info.items()}
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())

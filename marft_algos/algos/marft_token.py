@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from marft_algos.algos.marft import MARFTConfig, MARFTTrainerBase, _check
+from marft_algos.buffer import Minibatch, fit_width, token_field
 from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import pad_sequences
 
 __all__ = ["MARFTTokenConfig", "MARFTTokenTrainer"]
 
@@ -111,12 +111,9 @@ class MARFTTokenTrainer(MARFTTrainerBase):
             [t.episode_id for t in trs],
             gamma_token=c.gamma_token,
             lam_token=c.lam_token,
-            gamma_agent=c.gamma_agent,
-            lam_agent=c.lam_agent,
-            gamma_turn=c.gamma_turn,
-            lam_turn=c.lam_turn,
             # a non-trainable action (prompt over the context) has no value: pass it through
             passthrough=[not t.trainable for t in trs],
+            **c.chain_discounts(),
         )
         for t, a, r in zip(trs, adv, ret, strict=True):
             t.extras["token_adv"] = a.tolist()
@@ -132,7 +129,9 @@ class MARFTTokenTrainer(MARFTTrainerBase):
     # ---- losses ----------------------------------------------------------------------------
     def advantages_tensor(self, mb: list[Transition], stats: Any) -> torch.Tensor:
         """Per-token advantages ``[B, T]`` from the token-level backup."""
-        return pad_sequences([t.extras["token_adv"] for t in mb], stats.logprobs.shape[1], device=stats.logprobs.device)
+        adv = token_field(mb, "token_advantages", stats.logprobs.shape[1], stats.logprobs.device)
+        assert adv is not None, "token-level advantages are missing: compute_advantages first"
+        return adv
 
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-token clipped surrogate, masked mean (+ entropy bonus, KL to the reference)."""
@@ -155,18 +154,23 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         from marft_algos import losses
 
         c = self.config
-        with_tokens = [t for t in mb if t.response_ids]
-        if not with_tokens:
+        rows = [i for i, t in enumerate(mb) if t.response_ids]
+        if not rows:
             zero = torch.zeros((), requires_grad=True)
             return zero, {}
-        if all("critic_feat" in t.extras for t in with_tokens):
+        with_tokens = mb.subset(rows) if isinstance(mb, Minibatch) else [mb[i] for i in rows]
+        if isinstance(with_tokens, Minibatch) and with_tokens.critic_features is not None:
+            # the buffer's features, cut to the longest response of these rows
+            width = max(len(t.response_ids) for t in with_tokens)
+            v = self.critic.head_values(agent, fit_width(with_tokens.critic_features, width))
+        elif all("critic_feat" in t.extras for t in with_tokens):
             feats = torch.nn.utils.rnn.pad_sequence([t.extras["critic_feat"] for t in with_tokens], batch_first=True)
             v = self.critic.head_values(agent, feats)
         else:
             v = self.critic.token_values(agent, [t.prompt_ids for t in with_tokens], [t.response_ids for t in with_tokens])
         T = v.shape[1]
-        returns = pad_sequences([t.extras["token_ret"] for t in with_tokens], T, device=v.device)
-        old_v = pad_sequences([t.extras["token_values"] for t in with_tokens], T, device=v.device)
+        returns = token_field(with_tokens, "token_returns", T, v.device)
+        old_v = token_field(with_tokens, "token_values", T, v.device)
         lengths = torch.tensor([min(len(t.response_ids), T) for t in with_tokens], device=v.device)
         mask = (torch.arange(T, device=v.device)[None, :] < lengths[:, None]).float()
         loss = losses.value_loss(v, returns, old_v, kind=c.value_loss, delta=c.huber_delta, clip=c.value_clip, mask=mask)

@@ -12,6 +12,7 @@ Modules (standard library only at import time; the model stack loads on first us
 ``leaderboard`` the leaderboard run and its CLI (``marft leaderboard``)
 ``compare``     the regression view (``marft leaderboard --compare A B``)
 ``plots``       the leaderboard plot
+``games``       win/draw/loss against a fixed opponent in every seat (:func:`evaluate_vs_opponent`)
 ==============  =====================================================================
 """
 
@@ -26,6 +27,12 @@ from marft_algos.evaluation.compare import (
 )
 from marft_algos.evaluation.errors import EvaluationError, LeaderboardError
 from marft_algos.evaluation.evaluate import EvalResult, evaluate, evaluate_checkpoint, format_table
+from marft_algos.evaluation.games import (
+    GAME_COLUMNS,
+    evaluate_vs_opponent,
+    outcome_rates,
+    play_vs_opponent,
+)
 from marft_algos.evaluation.leaderboard import (
     COLUMNS,
     DEFAULT_MODEL,
@@ -88,6 +95,7 @@ __all__ = [
     "DEFAULT_TEMPERATURE",
     "EvalResult",
     "EvaluationError",
+    "GAME_COLUMNS",
     "LeaderboardError",
     "SUITES",
     "SampleRecord",
@@ -104,6 +112,7 @@ __all__ = [
     "evaluate",
     "eval_kwargs",
     "evaluate_checkpoint",
+    "evaluate_vs_opponent",
     "fmt",
     "format_table",
     "load_suite_file",
@@ -112,8 +121,10 @@ __all__ = [
     "markdown_table",
     "match_checkpoint",
     "norm_answer",
+    "outcome_rates",
     "parse_env_kwargs",
     "play",
+    "play_vs_opponent",
     "plot_leaderboard",
     "problem_indices",
     "read_run_config",

@@ -45,6 +45,9 @@ class EvalResult:
     seconds: float
     label: str = ""
     per_agent_tokens: dict[str, float] = field(default_factory=dict)
+    #: episodes with at least one action whose prompt overflowed max_context, and overflows per agent
+    overlong_episodes: int = 0
+    overlong_by_agent: dict[str, int] = field(default_factory=dict)
     episodes: list[Episode] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,7 +61,15 @@ class EvalResult:
             f"{self.label or self.env_id}: accuracy {self.accuracy:.3f} "
             f"[{self.ci_low:.3f}, {self.ci_high:.3f}] on {self.n} {self.split} problems, "
             f"{self.mean_tokens:.1f} tokens/episode, {self.verifier_timeouts} verifier timeouts"
-        )
+        ) + self.overlong_note()
+
+    def overlong_note(self) -> str:
+        """``"; WARNING: 6 of 8 episodes overflowed max_context (writer 6)"`` or "" when none did."""
+        if not self.overlong_episodes:
+            return ""
+        who = ", ".join(f"{a} {k}" for a, k in self.overlong_by_agent.items() if k)
+        return (f"; WARNING: {self.overlong_episodes} of {self.n} episodes overflowed max_context ({who}): "
+                "those agents played empty actions")
 
 
 def evaluate(
@@ -76,12 +87,15 @@ def evaluate(
     max_context: int | None = 2048,
     seed: int = 1234,
     label: str = "",
+    strict_context: bool = False,
 ) -> EvalResult:
     """Play one episode on each of problems ``start_index .. start_index + n - 1``.
 
     Raises :class:`~marft_algos.evaluation.errors.EvaluationError` when there is no
     problem to play (``n < 1``, or ``start_index`` past the end of the split). The torch
     RNG is forked (sampling here never shifts a training run's random stream).
+    ``strict_context`` stops with :class:`~marft_algos.rollout.ContextOverflowError` on
+    the first prompt over ``max_context`` (default: counted in the result and its summary).
     """
     import torch
 
@@ -115,6 +129,7 @@ def evaluate(
         sampling_overrides=overrides,
         max_context=max_context,
         seed=seed,
+        strict_context=strict_context,
     )
     resets = [{"seed": seed + k, "options": {"problem_index": start_index + k}, "group_id": k} for k in range(n)]
     t0 = time.perf_counter()
@@ -146,6 +161,8 @@ def evaluate(
         seconds=seconds,
         label=label,
         per_agent_tokens={a: sum(v) / len(v) for a, v in per_agent.items()},
+        overlong_episodes=sum(any("context_overflow" in t.flags for t in ep.transitions) for ep in episodes),
+        overlong_by_agent={a: int(m.get(f"agent/{a}/overlong", 0)) for a in per_agent if m.get(f"agent/{a}/overlong")},
         episodes=episodes,
     )
 

@@ -125,7 +125,8 @@ def train_mode(module: nn.Module, train: bool) -> Iterator[None]:
 def _sanitize(name: str) -> str:
     """peft adapter names become ModuleDict keys: no dots, not empty."""
     clean = re.sub(r"[^0-9A-Za-z_\-]", "_", name) or "adapter"
-    if clean in "lora_" or clean in ("__base__", "default"):  # peft reserves these / matches by substring
+    # peft reserves these / matches by substring; "__" names are internal (the critic's adapter)
+    if clean in "lora_" or clean in ("__base__", "default") or clean.startswith("__"):
         clean = f"role_{clean}"
     return clean
 
@@ -391,7 +392,10 @@ class TeamPolicy:
         if self.mode == "full":
             raise ValueError("mode='full' has no peft wrapper to add an adapter to")
         b = self._bases[role_or_slot] if isinstance(role_or_slot, int) else self._base_of[role_or_slot]
-        name = _sanitize(name)
+        # internal names ("__critic__") are kept as they are: role adapters never start with "__"
+        name = name if name.startswith("__") and "." not in name else _sanitize(name)
+        if name in {self._adapter_of[r] for r in b.roles}:
+            raise ValueError(f"adapter name {name!r} is a role's adapter: give the extra adapter a '__' name")
         if name not in b.adapter_params:
             flags = {id(p): p.requires_grad for ps in b.adapter_params.values() for p in ps}
             with torch.random.fork_rng(devices=[]):

@@ -76,12 +76,17 @@ def build_tiny_model(
     heads: int = 4,
     kv_heads: int = 2,
     intermediate: int = 128,
-    max_positions: int = 512,
+    max_positions: int = 4096,
     init_std: float = 0.1,
     seed: int = 0,
     pad_is_eos: bool = True,
 ) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     """A tiny random Llama (fp32, eval mode) and its tokenizer; deterministic given ``seed``.
+
+    The tokenizer spends one token per byte, so a realistic multi-agent prompt (a system
+    prompt, the problem, the predecessors' actions) is 1,000-2,000 tokens: ``max_positions``
+    (4096 by default; RoPE positions, no parameters) leaves room for it, and the trainers'
+    ``max_context`` (2048 by default) is the limit that applies.
 
     ``init_std`` is larger than the usual 0.02 so that next-token distributions are not
     nearly uniform (greedy decoding then has no near-ties, which keeps equality tests

@@ -3,7 +3,7 @@
 The critic reuses the policy's base model OBJECT (no second copy of the weights, unlike
 the reference implementation, which loaded one base per agent plus one for the critic):
 its forward runs the base with the policy adapters disabled, or with its own LoRA
-adapter ``"critic"`` (``critic_lora=...``) added to the same peft model. In
+adapter ``"__critic__"`` (``critic_lora=...``; role adapters never take a ``__`` name) added to the same peft model. In
 ``mode="full"`` the policy's frozen reference copy serves as the critic's base.
 
 Value alignment:
@@ -29,6 +29,9 @@ from torch import nn
 
 from marft_algos.models.layout import Layout, build_layout
 from marft_algos.models.policy import LoraSettings, TeamPolicy
+
+#: The critic's LoRA adapter name: in the internal ``__`` namespace, which no role adapter takes.
+CRITIC_ADAPTER = "__critic__"
 
 __all__ = ["ValueHead", "ValueModel"]
 
@@ -62,7 +65,7 @@ class ValueModel:
         roles: role names (default: the policy's roles; needed for a bare model with
             ``per_agent=True``).
         head_hidden: width of the head's hidden layer (default: the model's hidden size).
-        critic_lora: give the critic its own LoRA adapter ``"critic"`` on the shared base
+        critic_lora: give the critic its own LoRA adapter ``"__critic__"`` on the shared base
             (``True`` = the policy's LoRA settings); otherwise the base stays frozen.
         seed: seeds the heads' initialisation.
     """
@@ -99,9 +102,9 @@ class ValueModel:
             settings = critic_lora if isinstance(critic_lora, LoraSettings) else None
             # one critic adapter per distinct base
             for role in self.roles:
-                self._critic_params.extend(self.policy.add_adapter(role, "critic", settings))
+                self._critic_params.extend(self.policy.add_adapter(role, CRITIC_ADAPTER, settings))
             self._critic_params = list({id(p): p for p in self._critic_params}.values())
-            self.critic_adapter = "critic"
+            self.critic_adapter = CRITIC_ADAPTER
         # one head per role, or one per distinct base (a heterogeneous team's bases may
         # have different hidden sizes; roles on the same base share their head)
         owner_role: dict[str, str | None] = {}

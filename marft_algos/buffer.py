@@ -1,0 +1,204 @@
+"""The rollout buffer: one agent's trainable actions as padded tensors, built once per update.
+
+After the advantages are computed (and the old / reference log-probs are known), the
+trainer turns each agent's transitions into one :class:`AgentBuffer` of right-padded
+tensors, in the style of stable-baselines3's ``RolloutBuffer``: response ids and mask,
+old and reference log-probs, action values, advantages and returns, and the token-level
+fields (token values, advantages, returns) and cached critic features where the algorithm
+has them. A minibatch is then an index slice of those tensors (:meth:`AgentBuffer.minibatch`)
+instead of Python lists re-padded in every minibatch of every epoch.
+
+A :class:`Minibatch` is also the list of its transitions, so loss code that reads a field
+the buffer does not hold (the action text for word-normalised log-probs, the prompt ids
+the policy re-encodes) reads it from the transitions as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from marft_algos.rollout import Transition, minibatch_indices
+
+__all__ = ["AgentBuffer", "Minibatch", "action_field", "fit_width", "token_field"]
+
+#: buffer field -> the ``Transition`` attribute it is read from (one number per action)
+ACTION_FIELDS = {"values": "value", "advantages": "advantage", "returns": "returns"}
+
+#: buffer field -> the ``Transition.extras`` key it is read from (per-token lists)
+TOKEN_FIELDS = {
+    "old_logp": "old_logp",
+    "ref_logp": "ref_logp",
+    "token_values": "token_values",
+    "token_advantages": "token_adv",
+    "token_returns": "token_ret",
+}
+
+
+def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Crop or right-pad (with 0) the second dimension of ``x`` to ``width``."""
+    have = x.shape[1]
+    if have == width:
+        return x
+    if have > width:
+        return x[:, :width]
+    pad = x.new_zeros((x.shape[0], width - have, *x.shape[2:]))
+    return torch.cat([x, pad], dim=1)
+
+
+def _padded(rows: Sequence[Sequence[float]]) -> torch.Tensor:
+    """Right-pad float rows with 0 -> ``[N, longest]`` float32 (values exactly as
+    :func:`marft_algos.trainer.pad_sequences` writes them)."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.float32)
+    return out
+
+
+@dataclass
+class _Fields:
+    """Tensors with one row per action (token-level ones right-padded with 0)."""
+
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    token_values: torch.Tensor | None = None
+    token_advantages: torch.Tensor | None = None
+    token_returns: torch.Tensor | None = None
+    critic_features: torch.Tensor | None = None
+    #: true length of each row of the token fields that can differ from the response
+    #: length (an empty action keeps one virtual token value)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def fit(self, name: str, width: int, device: Any = None) -> torch.Tensor | None:
+        """Field ``name`` cropped / zero-padded to ``width`` columns, on ``device`` (None if absent)."""
+        x = getattr(self, name)
+        if x is None:
+            return None
+        x = fit_width(x, width)
+        return x.to(device) if device is not None else x
+
+
+class Minibatch(list, _Fields):
+    """A minibatch of one agent's actions: the list of its transitions plus their tensors."""
+
+    def __init__(self, transitions: Sequence[Transition], fields: _Fields) -> None:
+        list.__init__(self, transitions)
+        for f in _Fields.__dataclass_fields__:
+            setattr(self, f, getattr(fields, f))
+
+    def subset(self, rows: Sequence[int]) -> Minibatch:
+        """The minibatch restricted to ``rows`` (positions in this minibatch)."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        return Minibatch([self[i] for i in rows], _index(self, idx))
+
+
+def _index(src: _Fields, idx: torch.Tensor) -> _Fields:
+    def take(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x[idx]
+
+    return _Fields(
+        response_ids=src.response_ids[idx],
+        response_mask=src.response_mask[idx],
+        values=src.values[idx],
+        advantages=src.advantages[idx],
+        returns=src.returns[idx],
+        old_logp=take(src.old_logp),
+        ref_logp=take(src.ref_logp),
+        token_values=take(src.token_values),
+        token_advantages=take(src.token_advantages),
+        token_returns=take(src.token_returns),
+        critic_features=take(src.critic_features),
+    )
+
+
+class AgentBuffer(_Fields):
+    """One agent's trainable actions of a batch as padded tensors (see the module docstring).
+
+    Build it with :meth:`from_transitions` after the advantages (and old / reference
+    log-probs) are set; a field is present when every transition has it.
+    """
+
+    def __init__(self, agent: str, transitions: Sequence[Transition], fields: _Fields) -> None:
+        self.agent = agent
+        self.transitions = list(transitions)
+        for f in _Fields.__dataclass_fields__:
+            setattr(self, f, getattr(fields, f))
+
+    def __len__(self) -> int:
+        return len(self.transitions)
+
+    @classmethod
+    def from_transitions(cls, agent: str, transitions: Sequence[Transition]) -> AgentBuffer:
+        """Pad ``transitions``' ids, log-probs, values, advantages and returns into tensors."""
+        trs = list(transitions)
+        ids = [t.response_ids for t in trs]
+        width = max((len(r) for r in ids), default=0)
+        response_ids = torch.zeros((len(trs), width), dtype=torch.long)
+        for i, r in enumerate(ids):
+            if r:
+                response_ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        lengths = torch.tensor([len(r) for r in ids], dtype=torch.long)
+        mask = torch.arange(width)[None, :] < lengths[:, None]
+
+        def scalar(name: str) -> torch.Tensor:
+            # float64: exactly the Python floats, rounded only when a loss asks for its dtype
+            return torch.tensor([float(getattr(t, name) or 0.0) for t in trs], dtype=torch.float64)
+
+        fields = _Fields(
+            response_ids=response_ids,
+            response_mask=mask,
+            values=scalar("value"),
+            advantages=scalar("advantage"),
+            returns=scalar("returns"),
+        )
+        for name, key in TOKEN_FIELDS.items():
+            if trs and all(key in t.extras for t in trs):
+                setattr(fields, name, _padded([t.extras[key] for t in trs]))
+        if trs and all("critic_feat" in t.extras for t in trs):
+            feats = [torch.as_tensor(t.extras["critic_feat"]) for t in trs]
+            # action level: one [H] vector per action; token level: one [L_i, H] per action
+            fields.critic_features = torch.stack(feats) if feats[0].dim() == 1 else torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+        return cls(agent, trs, fields)
+
+    def minibatch(self, idx: Sequence[int] | np.ndarray) -> Minibatch:
+        """The actions at positions ``idx`` (in that order): an index slice of every tensor."""
+        rows = [int(i) for i in idx]
+        return Minibatch([self.transitions[i] for i in rows], _index(self, torch.as_tensor(rows, dtype=torch.long)))
+
+    def minibatches(self, num_minibatches: int, rng: np.random.Generator) -> Iterator[Minibatch]:
+        """Shuffled minibatches covering the buffer once (the order ``rng`` draws)."""
+        for idx in minibatch_indices(len(self), num_minibatches, rng):
+            yield self.minibatch(idx)
+
+
+def token_field(mb: Sequence[Transition], name: str, width: int, device: Any = None) -> torch.Tensor | None:
+    """Per-token field ``name`` of a minibatch as ``[B, width]`` float32 (None when absent).
+
+    A :class:`Minibatch` gives its buffer slice; a plain list of transitions (loss code
+    called directly) is padded from ``Transition.extras``, to the same values.
+    """
+    if isinstance(mb, Minibatch):
+        return mb.fit(name, width, device)
+    key = TOKEN_FIELDS[name]
+    if not mb or not all(key in t.extras for t in mb):
+        return None
+    return fit_width(_padded([t.extras[key] for t in mb]), width).to(device)
+
+
+def action_field(mb: Sequence[Transition], name: str, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+    """Per-action field ``name`` (``values``, ``advantages``, ``returns``) of a minibatch -> ``[B]``."""
+    if isinstance(mb, Minibatch):
+        return getattr(mb, name).to(device=device, dtype=dtype)
+    attr = ACTION_FIELDS[name]
+    return torch.tensor([float(getattr(t, attr)) for t in mb], dtype=dtype, device=device)
