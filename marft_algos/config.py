@@ -496,6 +496,7 @@ class PPOLossConfig:
     eps_low: float = field(default=0.2, metadata={"help": "Lower PPO clip range (ratio >= 1 - eps_low)."})
     eps_high: float = field(default=0.2, metadata={"help": "Upper PPO clip range (ratio <= 1 + eps_high); > eps_low is DAPO clip-higher."})
     loss_agg: str = field(default="token", metadata={"help": "Per-token losses: 'token' (mean over all real tokens of the minibatch) or 'sequence' (mean per action, then over actions); action-level MARFT has one ratio per action and ignores it."})
+    importance_ratio: str = field(default="token", metadata={"help": "PPO ratio of the shared policy loss (GRPO, IPPO): 'token' (one per token), 'sequence' (one per transition: exp of its mean token log-ratio, GSPO) or 'turn' (ReMA: one per action, i.e. per agent and turn, over all its segments; = 'sequence' for single-segment actions). MARFT's losses have their own ratios and refuse other values."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
     beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
 
@@ -504,6 +505,7 @@ class PPOLossConfig:
         _check(0 <= self.eps_low < 1, f"eps_low must be in [0, 1), got {self.eps_low}")
         _check(self.eps_high >= self.eps_low, f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low}) (clip-higher widens the upper range)")
         _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
+        _check(self.importance_ratio in ("token", "sequence", "turn"), f"importance_ratio must be 'token', 'sequence' or 'turn', got {self.importance_ratio!r}")
         _check(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}")
         _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
 

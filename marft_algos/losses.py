@@ -10,6 +10,8 @@ Contents
 - :func:`masked_sum`, :func:`masked_mean`
 - :func:`action_logprob`: whole-action log-prob with sum | token | word normalisation
 - :func:`ppo_policy_loss`: clipped surrogate with asymmetric clip (DAPO clip-higher)
+- :func:`grouped_ratio_policy_loss`: the same surrogate with one ratio per sequence or per
+  turn (ReMA's turn-level ratio: all segments of one action share it)
 - :func:`value_loss`: symmetric Huber or MSE, optional PPO-style value clipping
 - :func:`approx_kl` (k1 / k3), :func:`kl_to_reference` (k3, >= 0), :func:`entropy_bonus`
 """
@@ -23,6 +25,8 @@ __all__ = [
     "masked_mean",
     "action_logprob",
     "ppo_policy_loss",
+    "grouped_ratio_policy_loss",
+    "group_log_ratio",
     "huber",
     "value_loss",
     "approx_kl",
@@ -172,6 +176,73 @@ def ppo_policy_loss(
             "ratio_min": r_sel.min(),
         }
     return loss, stats
+
+
+def group_log_ratio(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    mask: torch.Tensor,
+    groups: torch.Tensor | list[int],
+) -> torch.Tensor:
+    """Per row ``[B]``: the mean token log-ratio of the row's GROUP (all real tokens of
+    all rows with the same group id, each token weighing the same)::
+
+        log s_g = sum_{rows r in g} sum_j (logp_rj - old_rj) / (tokens of g)
+
+    A group without real tokens gives 0 (ratio 1). Differentiable in ``logp``.
+
+    Example: rows 0 and 1 form one group (3 tokens, log-ratios 0.3, 0.0, 0.6), row 2 its own::
+
+        >>> lp = torch.tensor([[0.3, 0.0], [0.6, 9.0], [0.2, 0.0]])
+        >>> m = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+        >>> [round(x, 4) for x in group_log_ratio(lp, torch.zeros(3, 2), m, [0, 0, 1]).tolist()]
+        [0.3, 0.3, 0.2]
+    """
+    m = _mask_like(logp, mask)
+    lr = (logp - old_logp.to(logp.dtype)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    row_sum = masked_sum(lr, m, dim=-1)
+    row_n = m.sum(dim=-1).to(lr.dtype)
+    g = torch.as_tensor(groups, device=lr.device)
+    _, idx = torch.unique(g, return_inverse=True)
+    k = int(idx.max()) + 1 if idx.numel() else 0
+    total = torch.zeros(k, dtype=lr.dtype, device=lr.device).index_add(0, idx, row_sum)
+    count = torch.zeros(k, dtype=lr.dtype, device=lr.device).index_add(0, idx, row_n)
+    return (total / count.clamp_min(1))[idx]
+
+
+def grouped_ratio_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    groups: torch.Tensor | list[int],
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    agg: str = "token",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped surrogate of :func:`ppo_policy_loss` with ONE ratio per group of rows::
+
+        s_g = exp(group_log_ratio)       (geometric mean of the group's token ratios)
+        L_k = max(-A_k * s_g, -A_k * clip(s_g, 1 - eps_low, 1 + eps_high))   for every token k of g
+
+    ``groups`` = the row index gives a sequence-level ratio (one per transition, as in
+    GSPO); the id of the action a row belongs to gives ReMA's turn-level ratio (the
+    segments of one tool-calling action share one ratio; see ``importance_ratio`` in
+    :class:`~marft_algos.config.PPOLossConfig`). The gradient of ``s_g`` reaches every
+    real token of the group; the clip zeroes it for the whole group at once. ``agg`` and
+    the stats are those of :func:`ppo_policy_loss` (per token).
+
+    Example: one group of two tokens with log-ratios log 1.5 and log 1.5 (s = 1.5), A = 1:
+    clipped at 1.2 on both tokens::
+
+        >>> lp = torch.log(torch.tensor([[1.5, 1.5]]))
+        >>> loss, st = grouped_ratio_policy_loss(lp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), [0])
+        >>> round(loss.item(), 4), st["clip_frac"].item()
+        (-1.2, 1.0)
+    """
+    log_s = group_log_ratio(logp, old_logp, mask, groups)
+    per_token = log_s[:, None].expand_as(logp)
+    return ppo_policy_loss(per_token, torch.zeros_like(per_token), advantages, mask, eps_low=eps_low, eps_high=eps_high, agg=agg)
 
 
 def huber(error: torch.Tensor, delta: float = 1.0) -> torch.Tensor:

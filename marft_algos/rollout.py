@@ -23,8 +23,10 @@ at run time are followed as the env dictates (we never assume an order).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +49,7 @@ __all__ = [
     "RolloutCollector",
     "make_sampling",
     "minibatch_indices",
+    "grouped_minibatch_indices",
 ]
 
 
@@ -75,6 +78,16 @@ class Transition:
             agents when the answering agent acts is credited to each one's last action).
         team_reward: the team reward of this transition's turn (filled in when the turn
             is graded; 0.0 for turns never graded).
+        segment: 0 for an action's first generated segment; 1, 2, ... for the segments that
+            continue it after tool calls (the env's ``tool_turn``, see docs/tools.md). Each
+            segment is its own transition: its prompt holds every earlier segment and tool
+            result (observation, never in a loss mask), its response only its own ids.
+        action_index: ``index`` of the first segment of this transition's action (= ``index``
+            for single-segment actions); :attr:`action_key` groups the segments of one action.
+        action_reward: every reward credited to this transition's action (all its
+            segments), the same on each segment. ``credited_reward`` keeps the per-step
+            credit (a multi-segment action's credit lands on the segment whose step
+            received it, so sums over transitions count it once).
         done: the acting agent was terminated or truncated by this step.
         flags: env info flags of this step (e.g. "empty_action", "action_truncated").
         info: the env's info dict for the agent after the step (JSON-safe parts).
@@ -100,6 +113,9 @@ class Transition:
     reward: float = 0.0
     credited_reward: float = 0.0
     team_reward: float = 0.0
+    segment: int = 0
+    action_index: int = -1
+    action_reward: float = 0.0
     done: bool = False
     flags: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -113,6 +129,24 @@ class Transition:
     def num_tokens(self) -> int:
         """Number of sampled tokens."""
         return len(self.response_ids)
+
+    @property
+    def action_key(self) -> tuple[int, int]:
+        """``(episode_id, index of the action's first segment)``: equal for the segments of
+        one multi-segment (tool-calling) action, distinct for different actions."""
+        return (self.episode_id, self.action_index if self.action_index >= 0 else self.index)
+
+
+@dataclass
+class _OpenAction:
+    """An agent's action left open by a tool call: the ids its next segment continues."""
+
+    context_ids: list[int]  # the segment's prompt ids + its sampled ids
+    sampled_ids: list[int]
+    tool_messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None  # the schemas given to the template (None: inline/none)
+    segment: int
+    action_index: int
 
 
 @dataclass
@@ -352,6 +386,7 @@ class RolloutCollector:
         self.next_group_id = 0
         self.episodes_collected = 0
         self._sampling_cache: dict[tuple[str, str], Any] = {}
+        self._tools_cache: dict[tuple[str, str], bool] = {}
 
     # --- state (checkpointed: the problem stream continues exactly on resume) --------
     def state_dict(self) -> dict[str, Any]:
@@ -446,8 +481,10 @@ class RolloutCollector:
             )
         live = list(range(len(chunk)))
         steps = [0] * len(chunk)
+        open_actions: dict[tuple[int, str], _OpenAction] = {}  # (env slot, agent) -> its open tool action
         while live:
             requests, owners = [], []
+            round_tools: dict[int, list[dict[str, Any]] | None] = {}
             overlong: list[tuple[int, str, list[int]]] = []
             still_live = []
             for i in live:
@@ -460,7 +497,7 @@ class RolloutCollector:
                 agent = pending
                 role = self.agent_to_role(agent)
                 settings, sampling = self._sampling(env, agent)
-                prompt_ids = list(self.policy.encode(role, env.messages(agent)))
+                prompt_ids, round_tools[i] = self._prompt_ids(env, agent, role, open_actions.get((i, agent)), counters)
                 max_new = int(settings.get("max_new_tokens", getattr(sampling, "max_new_tokens", 256)))
                 if self.max_context is not None and len(prompt_ids) + max_new > self.max_context:
                     room = self.max_context - len(prompt_ids)
@@ -490,9 +527,70 @@ class RolloutCollector:
                 continue
             stepped = self._step_envs([(self.envs[i], agent, _action_text(result)) for i, agent, _, result, _ in jobs])
             for (i, agent, prompt_ids, result, temp), outcome in zip(jobs, stepped, strict=True):
-                self._record(episodes[i], agent, prompt_ids, result, outcome, counters, temperature=temp)
+                opened = open_actions.pop((i, agent), None)
+                self._record(episodes[i], agent, prompt_ids, result, outcome, counters, temperature=temp, opened=opened)
+                if outcome.info.get("tool_turn"):  # the same agent continues: keep the exact ids
+                    tr = episodes[i].transitions[-1]
+                    open_actions[(i, agent)] = _OpenAction(
+                        context_ids=list(prompt_ids) + list(tr.response_ids),
+                        sampled_ids=list(tr.response_ids),
+                        tool_messages=[dict(m) for m in outcome.info.get("tool_messages") or []],
+                        tools=round_tools.get(i),
+                        segment=tr.segment,
+                        action_index=tr.action_key[1],
+                    )
                 steps[i] += 1
         return episodes
+
+    def _tokenizer(self, role: str) -> Any:
+        """The tokenizer of ``role`` (None for a policy that does not expose one)."""
+        fn = getattr(self.policy, "tokenizer", None)
+        return fn(role) if callable(fn) else None
+
+    def _template_tools(self, env: Any, agent: str, role: str) -> list[dict[str, Any]] | None:
+        """``agent``'s tool schemas when its chat template renders ``tools=``; else None
+        (no tools, or a template that ignores them: the env's messages describe them)."""
+        get = getattr(env, "tools", None)
+        schemas = [dict(t) for t in get(agent)] if callable(get) else []
+        if not schemas:
+            return None
+        key = (role, repr(schemas))
+        if key not in self._tools_cache:
+            from marft_algos.models.chat import template_uses_tools
+
+            tok = self._tokenizer(role)
+            self._tools_cache[key] = tok is not None and template_uses_tools(tok, schemas)
+        return schemas if self._tools_cache[key] else None
+
+    def _prompt_ids(
+        self, env: Any, agent: str, role: str, opened: _OpenAction | None, counters: dict[str, float]
+    ) -> tuple[list[int], list[dict[str, Any]] | None]:
+        """The prompt ids of ``agent``'s next segment and the schemas given to the template.
+
+        A first segment is the chat-templated ``env.messages(agent)`` (with ``tools=`` when
+        the template renders them). A tool continuation is the previous segment's prompt +
+        its sampled ids + the template's tool-result ids (docs/tools.md, "Contract for
+        trainers"): the sampled ids are never decoded and encoded again. A policy without a
+        ``tokenizer(role)``, or a template that does not render a conversation as a prefix
+        of its continuation, falls back to re-encoding (counted as ``rollout/tool_reencoded``).
+        """
+        if opened is not None:
+            tok = self._tokenizer(role)
+            if tok is not None:
+                from marft_envs.tools import continuation_ids
+
+                try:
+                    extra = continuation_ids(tok, opened.sampled_ids, opened.tool_messages, tools=opened.tools)
+                    return opened.context_ids + [int(x) for x in extra], opened.tools
+                except ValueError as err:
+                    warnings.warn(f"tool continuation of {agent!r} re-encoded from its messages: {err}", RuntimeWarning, stacklevel=2)
+            counters["rollout/tool_reencoded"] += 1
+        tools = self._template_tools(env, agent, role)
+        if tools is None:
+            return list(self.policy.encode(role, env.messages(agent))), None
+        takes_inline = "inline_tools" in inspect.signature(env.messages).parameters
+        msgs = env.messages(agent, inline_tools=False) if takes_inline else env.messages(agent)
+        return list(self.policy.encode(role, msgs, tools=tools)), tools
 
     def _step_envs(self, jobs: list[tuple[Any, str, str]]) -> list[_Stepped]:
         """``env.step(text)`` for each ``(env, agent, text)``, concurrently when allowed;
@@ -547,8 +645,10 @@ class RolloutCollector:
         outcome: _Stepped,
         counters: dict[str, float],
         temperature: float = 1.0,
+        opened: _OpenAction | None = None,
     ) -> None:
-        """Append the transition of one env step to ``ep`` and credit the step's rewards."""
+        """Append the transition of one env step to ``ep`` and credit the step's rewards
+        (``opened``: the action this step continues after a tool call, if any)."""
         turn = outcome.turn
         if result is None:
             text, response_ids, logprobs, finish, trainable = "", [], [], "overlong", False
@@ -580,14 +680,21 @@ class RolloutCollector:
             flags=flags,
             info=_json_safe({k: v for k, v in info.items() if k != "flags"}),
             trainable=trainable,
+            segment=opened.segment + 1 if opened is not None else 0,
+            action_index=opened.action_index if opened is not None else len(ep.transitions),
         )
         tr.extras["prompt"] = outcome.prompt
         ep.transitions.append(tr)
-        # Credit this step's rewards to each agent's latest action (the acting agent's is `tr`).
+        # Credit this step's rewards to each agent's latest action (the acting agent's is `tr`);
+        # every segment of that action carries the action's total as `action_reward`.
         latest: dict[str, Transition] = {t.agent: t for t in ep.transitions}
         for a, r in outcome.rewards.items():
             if a in latest and r:
                 latest[a].credited_reward += float(r)
+                key = latest[a].action_key
+                for seg in ep.transitions:
+                    if seg.agent == a and seg.action_key == key:
+                        seg.action_reward += float(r)
         counters["rollout/actions"] += 1
         counters["rollout/tokens"] += len(response_ids)
         if finish == "length":
@@ -732,7 +839,29 @@ def overlong_summary(metrics: dict[str, float], suffix: str = "") -> str:
     return ", ".join(parts)
 
 
-def iter_minibatches(items: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[list[Any]]:
-    """Shuffle ``items`` with ``rng`` and yield ``num_minibatches`` near-equal chunks."""
-    for chunk in minibatch_indices(len(items), num_minibatches, rng):
+def grouped_minibatch_indices(keys: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Like :func:`minibatch_indices` over ``range(len(keys))``, but indices with equal keys
+    (e.g. the segments of one action, ``Transition.action_key``) stay together, in order:
+    the units are shuffled and split."""
+    units: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        units.setdefault(k, []).append(i)
+    groups = list(units.values())
+    for chunk in minibatch_indices(len(groups), num_minibatches, rng):
+        yield np.asarray([i for j in chunk for i in groups[int(j)]], dtype=np.int64)
+
+
+def iter_minibatches(
+    items: Sequence[Any], num_minibatches: int, rng: np.random.Generator, key: Callable[[Any], Any] | None = None
+) -> Iterator[list[Any]]:
+    """Shuffle ``items`` with ``rng`` and yield ``num_minibatches`` near-equal chunks.
+
+    With ``key``, items with equal keys stay together (:func:`grouped_minibatch_indices`).
+    """
+    chunks = (
+        minibatch_indices(len(items), num_minibatches, rng)
+        if key is None
+        else grouped_minibatch_indices([key(it) for it in items], num_minibatches, rng)
+    )
+    for chunk in chunks:
         yield [items[int(j)] for j in chunk]

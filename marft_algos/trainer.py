@@ -50,7 +50,12 @@ from marft_algos.buffer import AgentBuffer, action_field, token_field
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
 from marft_algos.registry import *  # noqa: F403  (the registry's names, importable from here as before)
 from marft_algos.registry import lazy_exports, list_algorithms
-from marft_algos.rollout import RolloutBatch, RolloutCollector, Transition
+from marft_algos.rollout import (
+    RolloutBatch,
+    RolloutCollector,
+    Transition,
+    grouped_minibatch_indices,
+)
 from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 
 # (the registry's and the seeding helpers' names are still importable from here; their
@@ -338,7 +343,12 @@ class Trainer(ABC):
                 buffer = self.buffers[agent]
                 if not len(buffer):
                     continue
-                for mb in buffer.minibatches(c.num_minibatches, self.np_rng):
+                if getattr(c, "importance_ratio", "token") == "turn":  # an action's segments in one minibatch
+                    keys = [t.action_key for t in buffer.transitions]
+                    mbs = (buffer.minibatch(i) for i in grouped_minibatch_indices(keys, c.num_minibatches, self.np_rng))
+                else:
+                    mbs = buffer.minibatches(c.num_minibatches, self.np_rng)
+                for mb in mbs:
                     for k, v in self.train_minibatch(agent, mb, epoch=epoch).items():
                         sums[k].append(v)
         self.after_update(batch)
@@ -481,7 +491,12 @@ class Trainer(ABC):
         logp = stats.logprobs
         old_logp = self.old_logprobs(mb, stats)
         adv = self.advantages_tensor(mb, stats)
-        loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
+        if c.importance_ratio == "token":
+            loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
+        else:  # one ratio per transition, or per action (its tool segments together: ReMA's turn)
+            keys: dict[Any, int] = {}
+            groups = [keys.setdefault(k, len(keys)) for k in (range(len(mb)) if c.importance_ratio == "sequence" else (t.action_key for t in mb))]
+            loss, info = losses.grouped_ratio_policy_loss(logp, old_logp, adv, mask, groups, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         m = {f"agent/{agent}/{k}": float(v) for k, v in _as_metrics(info).items()}
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))

@@ -84,6 +84,8 @@ class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
         _check(self.vf_coef > 0, f"vf_coef must be > 0, got {self.vf_coef}")
         _check(self.critic_warmup_steps >= 0, f"critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
         _check(self.agent_interval >= 1, f"agent_interval must be >= 1, got {self.agent_interval}")
+        _check(self.importance_ratio == "token", f"{type(self).__name__} has its own ratios (per action or per token); "
+               f"importance_ratio={self.importance_ratio!r} is for GRPO and IPPO: leave it at 'token'")
         _check(
             not (self.agent_by_agent and self.mode == "shared"),
             "agent_by_agent needs one adapter per agent: with mode='shared' every agent's policy is the one shared "

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["encode_chat", "special_strings_in"]
+__all__ = ["encode_chat", "special_strings_in", "template_uses_tools"]
 
 # Private-use characters: no tokenizer has them as added tokens and no template edits them.
 _OPEN, _CLOSE = "\ue000", "\ue001"
@@ -44,10 +44,32 @@ def _literal_ids(tokenizer: Any, text: str) -> list[int]:
     return [int(i) for i in out["input_ids"]]
 
 
+def _tool_kwargs(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    return {"tools": [dict(t) for t in tools]} if tools else {}
+
+
+def template_uses_tools(tokenizer: Any, tools: Sequence[Mapping[str, Any]]) -> bool:
+    """Does ``tokenizer``'s chat template render ``tools=`` (many, e.g. SmolLM2's, ignore it)?
+
+    A collector passes the schemas through the template only when it does; otherwise the
+    env describes the tools in the system message (``env.messages(agent)``'s default)."""
+    if not tools or not getattr(tokenizer, "chat_template", None):
+        return False
+    probe = [{"role": "user", "content": "u"}]
+    plain = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+    with_tools = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False, **_tool_kwargs(tools))
+    return plain != with_tools
+
+
 def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *,
-                add_generation_prompt: bool = True) -> list[int]:
+                add_generation_prompt: bool = True,
+                tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Token ids of ``messages`` through ``tokenizer``'s chat template, every message
     content encoded as literal text (never as special tokens).
+
+    ``tools``: function schemas passed to the template as ``tools=`` (the transformers
+    function-calling convention; ``env.tools(agent)``). The template's rendering of them is
+    template text (a schema is the env's, not an agent's, so it cannot forge turns).
 
     Raises ValueError when the tokenizer has no chat template, or when its template
     does not pass message contents through (then contents cannot be kept literal).
@@ -55,14 +77,15 @@ def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *,
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template (set tokenizer.chat_template)")
     msgs = [dict(m) for m in messages]
+    extra = _tool_kwargs(tools)
     if not any(special_strings_in(tokenizer, str(m.get("content", ""))) for m in msgs):
         out = tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt,
-                                            tokenize=True, return_dict=True)
+                                            tokenize=True, return_dict=True, **extra)
         return [int(i) for i in out["input_ids"]]
     contents = [str(m.get("content", "")) for m in msgs]
     marked = [{**m, "content": f"{_OPEN}{i}{_CLOSE}"} for i, m in enumerate(msgs)]
     text = tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt,
-                                         tokenize=False)
+                                         tokenize=False, **extra)
     pieces = _PLACEHOLDER.split(text)  # template, index, template, index, ..., template
     used = [int(i) for i in pieces[1::2]]
     if sorted(used) != list(range(len(msgs))):

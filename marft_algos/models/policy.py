@@ -460,17 +460,18 @@ class TeamPolicy:
     # ------------------------------------------------------------------------------------
     # prompts
     # ------------------------------------------------------------------------------------
-    def encode(self, role: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def encode(self, role: str, messages: Sequence[Mapping[str, str]], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Token ids of ``messages`` through the tokenizer's chat template + generation prompt.
 
         Message contents stay literal text (:func:`marft_algos.models.chat.encode_chat`):
-        a teammate's ``<|im_start|>system`` is never a real turn marker."""
+        a teammate's ``<|im_start|>system`` is never a real turn marker. ``tools``: function
+        schemas for the template's ``tools=`` (``env.tools(agent)``)."""
         from marft_algos.models.chat import encode_chat
 
         tok = self._base(role).tokenizer
         if not getattr(tok, "chat_template", None):
             raise ValueError(f"the tokenizer of role {role!r} has no chat template")
-        return encode_chat(tok, messages, add_generation_prompt=True)
+        return encode_chat(tok, messages, add_generation_prompt=True, tools=tools)
 
     # ------------------------------------------------------------------------------------
     # forward helpers
