@@ -58,6 +58,7 @@ __all__ = [
     "ADVANTAGE_NORMALIZATION",
     "ConfigError",
     "CriticConfig",
+    "DistributedConfig",
     "PPOLossConfig",
     "RecoveryConfig",
     "TrainConfig",
@@ -260,6 +261,20 @@ def _check_field_types(obj: Any, prefix: str = "") -> None:
 
 
 @dataclass
+class DistributedConfig:
+    """Multi-process training (:mod:`marft_algos.distributed`); read only under a launcher (torchrun, accelerate)."""
+
+    backend: str = field(default="auto", metadata={"help": "Process-group backend: 'auto' (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'."})
+    timeout_s: float = field(default=1800.0, metadata={"help": "Seconds a collective may wait for the other ranks before the job fails (never a hang)."})
+    strategy: str = field(default="ddp", metadata={"help": "'ddp': every rank holds the weights, gradients are averaged; 'fsdp': FSDP2 shards full fine-tuning (mode='full') over the ranks."})
+
+    def __post_init__(self) -> None:
+        _check(self.backend in ("auto", "gloo", "nccl"), f"distributed.backend must be 'auto', 'gloo' or 'nccl', got {self.backend!r}")
+        _check(self.timeout_s > 0, f"distributed.timeout_s must be > 0, got {self.timeout_s}")
+        _check(self.strategy in ("ddp", "fsdp"), f"distributed.strategy must be 'ddp' or 'fsdp', got {self.strategy!r}")
+
+
+@dataclass
 class TrainConfig(metaclass=_ConfigMeta):
     """Settings shared by all trainers (environment, model, optimisation, logging)."""
 
@@ -309,6 +324,7 @@ class TrainConfig(metaclass=_ConfigMeta):
     tensorboard: bool = field(default=True, metadata={"help": "Also write TensorBoard events."})
     progress: bool = field(default=True, metadata={"help": "Show a tqdm progress bar with the live team reward."})
     plot: bool = field(default=True, metadata={"help": "Write learning_curve.png at the end."})
+    distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={"help": "Multi-process training under torchrun / accelerate launch (nested: distributed.<setting>=...; see docs/distributed.md)."})
 
     #: the registered name of this config's algorithm (from the registry, never restated here)
     algo = _AlgorithmName()

@@ -171,8 +171,9 @@ class CollapseRecovery:
         out_dir = getattr(trainer.config, "out_dir", None)
         self._tmp: str | None = None
         if root is None:
-            if out_dir:
-                root = Path(out_dir) / "recovery"
+            if out_dir:  # several ranks: each keeps its own copy (identical states, no shared writes)
+                dist = getattr(trainer, "dist", None)
+                root = Path(out_dir) / "recovery" / (f"rank-{dist.rank}" if dist is not None and dist.active else "")
             else:
                 self._tmp = tempfile.mkdtemp(prefix="marft-recovery-")
                 # removed by close(), or when this object is collected (train_step-only use)
@@ -283,7 +284,7 @@ class CollapseRecovery:
         log.warning("step %d: collapse detected (%s); rolled back to %s, lr x%g (total scale %g)",
                     t.global_step, ", ".join(reasons), path.name, self.s.lr_factor, lr_scale)
         out_dir = getattr(t.config, "out_dir", None)
-        if out_dir:
+        if out_dir and getattr(getattr(t, "dist", None), "is_main", True):
             with open(Path(out_dir) / "recovery.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(event) + "\n")
 

@@ -48,6 +48,7 @@ import torch
 
 from marft_algos.buffer import AgentBuffer, action_field, token_field
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
+from marft_algos.distributed import init_distributed, minibatch_weight, rank_seed
 from marft_algos.registry import *  # noqa: F403  (the registry's names, importable from here as before)
 from marft_algos.registry import lazy_exports, list_algorithms
 from marft_algos.rollout import (
@@ -187,6 +188,14 @@ class Trainer(ABC):
         if not isinstance(config, self.config_cls):
             raise TypeError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}")
         self.config = config
+        # world size 1 without a launcher: no process group, every collective a no-op
+        self.dist = init_distributed(config.distributed.backend, config.distributed.timeout_s)
+        if config.distributed.strategy == "fsdp" and self.dist.active:
+            raise ConfigError(
+                "distributed.strategy='fsdp' is not wired into the trainers yet (rollouts on sharded weights need "
+                "lock-step generation); use 'ddp', or marft_algos.distributed.shard_full_model in your own loop"
+            )
+        self._dist_weight = 1.0
         if config.release_freed_memory:
             from marft_algos.memory import pin_malloc_thresholds
 
@@ -210,7 +219,9 @@ class Trainer(ABC):
         self.optimizers = self.build_optimizers()
         self.schedulers = self.build_schedulers()
         self.scaler = self.build_scaler()
-        if logger is None and config.out_dir:
+        # every rank starts from rank 0's weights (value heads are initialised from each process's RNG)
+        self.dist.broadcast_parameters(p for opt in {id(o): o for o in self.optimizers.values()}.values() for g in opt.param_groups for p in g["params"])
+        if logger is None and config.out_dir and self.dist.is_main:
             from marft_algos.logging import MetricsLogger
 
             logger = MetricsLogger(config.out_dir, tensorboard=config.tensorboard)
@@ -322,8 +333,8 @@ class Trainer(ABC):
     # ---- the three phases --------------------------------------------------------
     def collect(self) -> RolloutBatch:
         """Play ``config.num_envs`` episodes with the current policy (no gradients)."""
-        with torch.no_grad():
-            return self.collector.collect()
+        with torch.no_grad():  # each rank plays its slice of the one global problem list
+            return self.dist.collect(self.collector, self.config.num_envs // self.group_size)
 
     @abstractmethod
     def compute_advantages(self, batch: RolloutBatch) -> None:
@@ -334,21 +345,31 @@ class Trainer(ABC):
         c = self.config
         sums: dict[str, list[float]] = defaultdict(list)
         self.prepare_update(batch)
+        d = self.dist  # several ranks: the same agents and minibatch counts everywhere (collectives pair up)
+        rng = np.random.default_rng(rank_seed(c.seed + 1, self.global_step, d.rank)) if d.active else self.np_rng
+        agents = self.update_agents(batch)
+        if d.active:
+            present = {a for names in d.all_gather_object(agents) for a in names}
+            agents = [a for a in self.agents if a in present]
         # one buffer of padded tensors per agent; minibatches are index slices of it
         self.buffers: dict[str, AgentBuffer] = {}
         for epoch in range(c.ppo_epochs):
-            for agent in self.update_agents(batch):
+            for agent in agents:
                 if agent not in self.buffers:
                     self.buffers[agent] = self.build_buffer(agent, batch.agent_transitions(agent))
                 buffer = self.buffers[agent]
-                if not len(buffer):
+                turn = getattr(c, "importance_ratio", "token") == "turn"
+                keys = [t.action_key for t in buffer.transitions] if turn else None
+                units = len(set(keys)) if turn else len(buffer)  # an action's segments stay in one minibatch
+                n_mb = d.min_int(min(c.num_minibatches, units))  # 0: no data (on some rank)
+                if not n_mb:
                     continue
-                if getattr(c, "importance_ratio", "token") == "turn":  # an action's segments in one minibatch
-                    keys = [t.action_key for t in buffer.transitions]
-                    mbs = (buffer.minibatch(i) for i in grouped_minibatch_indices(keys, c.num_minibatches, self.np_rng))
+                if turn:
+                    mbs = (buffer.minibatch(i) for i in grouped_minibatch_indices(keys, n_mb, rng))
                 else:
-                    mbs = buffer.minibatches(c.num_minibatches, self.np_rng)
+                    mbs = buffer.minibatches(n_mb, rng)
                 for mb in mbs:
+                    self._dist_weight = minibatch_weight(self, mb)
                     for k, v in self.train_minibatch(agent, mb, epoch=epoch).items():
                         sums[k].append(v)
         self.after_update(batch)
@@ -528,7 +549,7 @@ class Trainer(ABC):
         opts = {k: self.optimizers[k] for k in keys}
         for opt in opts.values():
             opt.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss.detach()).all():
+        if self.dist.any(not torch.isfinite(loss.detach()).all()):  # one rank's NaN skips every rank's step
             self._skip_nonfinite(agent, "loss", opts)
             return False, {}
         scaler = self.scaler
@@ -536,6 +557,10 @@ class Trainer(ABC):
         for k, opt in opts.items():
             unique.setdefault(id(opt), (k, opt))
         (scaler.scale(loss) if scaler is not None else loss).backward()
+        if self.dist.active:  # the gradient and metrics of all ranks' data (see marft_algos.distributed)
+            for _, opt in unique.values():
+                self.dist.all_reduce_grads([p for g in opt.param_groups for p in g["params"]], self._dist_weight)
+            metrics.update(self.dist.mean_metrics(metrics, self._dist_weight))
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         norms: dict[str, float] = {}
         for k, opt in unique.values():
@@ -608,13 +633,16 @@ class Trainer(ABC):
     def train_step(self) -> dict[str, float]:
         """One full step; returns its metrics (also logged and appended to ``history``)."""
         t0 = time.perf_counter()
+        if self.dist.active:  # each rank samples its own stream, the same one after a resume on any world size
+            seed_everything(rank_seed(self.config.seed, self.global_step, self.dist.rank) % 2**32)
         batch = self.collect()
         t1 = time.perf_counter()
+        batch.metrics = self.dist.mean_metrics(batch.metrics, len(batch.episodes))
         self.compute_advantages(batch)
         engine = getattr(self.policy, "engine", None)
         if engine is not None:
             engine.sleep()  # vLLM on CUDA: free its KV cache and weights for the update
-        metrics = self.update(batch)
+        metrics = self.dist.mean_metrics(self.update(batch))
         if engine is not None:
             engine.wake_up()
             metrics.update(engine.metrics())  # e.g. the vllm engine's log-prob gap per role
@@ -675,11 +703,11 @@ class Trainer(ABC):
 
         c = self.config
         start = time.time()
-        bar = tqdm(total=target, initial=self.global_step, disable=not c.progress, desc=f"{type(self).__name__}", dynamic_ncols=True)
+        bar = tqdm(total=target, initial=self.global_step, disable=not (c.progress and self.dist.is_main), desc=f"{type(self).__name__}", dynamic_ncols=True)
         new: list[dict[str, float]] = []
         try:
             while self.global_step < target:
-                if c.max_minutes is not None and time.time() - start > 60 * c.max_minutes:
+                if c.max_minutes is not None and self.dist.any(time.time() - start > 60 * c.max_minutes):
                     bar.write(f"time budget of {c.max_minutes} min reached after {self.global_step} steps")
                     break
                 m = self.train_step()
@@ -801,7 +829,12 @@ class Trainer(ABC):
         from marft_algos.checkpoint import save_checkpoint
 
         root = Path(root) if root is not None else Path(self.config.out_dir or ".") / "checkpoints"
-        return save_checkpoint(self, root, keep=self.config.keep_checkpoints)
+        if not self.dist.is_main:  # every rank holds the same state: rank 0 writes it
+            self.dist.barrier()
+            return root / f"step-{self.global_step:08d}"
+        path = save_checkpoint(self, root, keep=self.config.keep_checkpoints)
+        self.dist.barrier()
+        return path
 
     def load_checkpoint(
         self, path: str | Path, parts: Collection[str] | None = None, *, check_config: bool = True

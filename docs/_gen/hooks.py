@@ -648,7 +648,7 @@ def _algo_help() -> list[str]:
                 if dataclasses.is_dataclass(value):  # a nested part: one flag per setting
                     sub_hints = typing.get_type_hints(type(value))
                     rows[:0] = [(g, f"{name}_{g.name}", sub_hints) for g in dataclasses.fields(value) if g.name != "enabled"]
-                    value = getattr(value, "enabled", value)
+                    value = getattr(value, "enabled", None) if hasattr(value, "enabled") else dataclasses.asdict(value)
                 default = json.dumps(value)
             else:
                 default = "required"

@@ -105,16 +105,17 @@ class GRPOTrainer(Trainer):
     def collect(self) -> RolloutBatch:
         """One batch of ``num_envs // group_size`` groups; with dynamic sampling, no-signal groups are dropped and more are collected (DAPO)."""
         c = self.config
-        num_groups = c.num_envs // c.group_size
+        num_groups = c.num_envs // c.group_size // self.dist.world_size  # this rank's share
         batch = super().collect()
         if not c.dynamic_sampling:
             return batch
         metrics = dict(batch.metrics)  # reward metrics of the first round are unbiased: keep them
         kept = [g for g in batch.groups().values() if not self._all_equal(g)]
         dropped, tries = num_groups - len(kept), 0
-        while len(kept) < num_groups and tries < c.max_resample_tries:
+        # several ranks: rounds in lock-step, each drawing the one global problem list (max need x ranks)
+        while (need := int(self.dist.max([num_groups - len(kept)])[0])) > 0 and tries < c.max_resample_tries:
             tries += 1
-            more = self.collector.collect(num_groups - len(kept))
+            more = self.dist.collect(self.collector, need * self.dist.world_size)
             for key in ("rollout/tokens", "rollout/actions", "perf/rollout_s", "perf/generate_s", "rollout/verifier_timeouts", "rollout/overlong"):
                 metrics[key] = metrics.get(key, 0.0) + more.metrics.get(key, 0.0)
             new_groups = list(more.groups().values())

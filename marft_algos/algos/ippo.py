@@ -180,9 +180,10 @@ class IPPOTrainer(Trainer):
             if c.normalize_advantages == "batch":
                 groups = [[t for g in groups for t in g]]
             for group in groups:
-                if len(group) > 1:
-                    a = np.array([t.advantage for t in group])
-                    a = (a - a.mean()) / (a.std() + 1e-8)
+                a = np.array([t.advantage for t in group])
+                mu, sd, n = self.dist.moments(a)  # over every rank's batch
+                if n > 1 and group:
+                    a = (a - mu) / (sd + 1e-8)
                     for t, v in zip(group, a.tolist(), strict=True):
                         t.advantage = float(v)
 

@@ -252,12 +252,10 @@ class MARFTTrainerBase(Trainer):
             return
         groups = [batch.agent_transitions(a) for a in self.agents] if mode == "agent" else [[t for t in batch.transitions if t.trainable]]
         for trs in groups:
-            if not trs:
+            flat = np.concatenate([np.atleast_1d(get(t)) for t in trs]) if trs else np.zeros(0)
+            mu, sd, n = self.dist.moments(flat)  # over every rank's batch
+            if n < 2 or not trs:
                 continue
-            flat = np.concatenate([np.atleast_1d(get(t)) for t in trs])
-            if flat.size < 2:
-                continue
-            mu, sd = flat.mean(), flat.std()
             for t in trs:
                 put(t, (np.asarray(get(t)) - mu) / (sd + 1e-8))
 

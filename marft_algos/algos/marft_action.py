@@ -64,6 +64,8 @@ class MARFTActionTrainer(MARFTTrainerBase):
     config_cls = MARFTActionConfig
     config: MARFTActionConfig
     cut_kl_name = "action_kl"
+    #: one ratio per action: the loss is a mean over actions (weights the ranks' gradients)
+    loss_units = "actions"
 
     # ---- values and advantages -----------------------------------------------------------
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
