@@ -185,12 +185,17 @@ _KEY_RE = re.compile(r"""f?["']((?:team|agent|rollout|perf|train|critic|recovery
 
 
 def _doc_key(key: str, agents: set[str]) -> str:
-    """A logged key as the docs write it: agent names -> ``<a>``, recovery reasons -> ``<r>``."""
+    """A logged key as the docs write it: agent names -> ``<a>``, recovery reasons -> ``<r>``,
+    reward components (open-ended: each env names its own) -> ``<c>``, routes -> ``<from>-><to>``."""
     parts = key.split("/")
     if parts[0] in ("agent", "value") and len(parts) > 2 and (parts[1] in agents or parts[1].startswith("{")):
         parts[1] = "<a>"
     if parts[:2] == ["recovery", "reason"]:
         return "recovery/reason/<r>"
+    if parts[0] == "route" and len(parts) == 2:
+        return "route/<from>-><to>"
+    if len(parts) == 3 and parts[:2] == ["team", "reward"] or len(parts) == 4 and parts[0] == "agent" and parts[2] == "reward":
+        parts[-1] = "<c>"
     return "/".join(parts)
 
 
@@ -238,7 +243,7 @@ def _literal_keys() -> set[str]:
 def test_every_logged_metric_is_documented():
     page = (DOCS / "algorithms.md").read_text(encoding="utf-8")
     section = page[page.index("## Metrics"):]
-    documented = set(re.findall(r"`((?:team|agent|rollout|perf|train|critic|recovery|value)/[^`\s]+)`", section))
+    documented = set(re.findall(r"`((?:team|agent|rollout|perf|train|critic|recovery|value|route)/[^`\s]+)`", section))
     logged = _logged_keys_of_one_step()
     assert {"agent/<a>/kl", "rollout/groups_dropped", "agent/<a>/kl_cut", "critic/grad_norm"} <= logged
     literal = _literal_keys()
