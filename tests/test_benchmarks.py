@@ -162,6 +162,21 @@ def test_leaderboard_end_to_end(lb: ModuleType, tmp_path: Path) -> None:
     assert float(maj["calls_per_episode"]) == 2.0  # the same number of LLM calls as the duo
     md = (out / "leaderboard.md").read_text()
     assert "acc (avg@k)" in md and "torch" in md
+    assert all(r["overlong_episodes"] == "0" for r in rows)
+
+
+def test_leaderboard_reports_overflowing_prompts(lb: ModuleType, tmp_path: Path, capsys) -> None:
+    """Prompts that do not fit --max-context are counted per system and warned about, never silent."""
+    from marft_algos.cli import main as marft
+
+    out = tmp_path / "lb"
+    rc = marft(["leaderboard", "--model", "tiny-random", "--env", "echo-duo-v0", "--limit", "2",
+                "--max-new-tokens", "4", "--max-context", "64", "--out", str(out)])
+    assert rc == 0
+    _, rows = _csv(out / "leaderboard.csv")
+    assert [r["overlong_episodes"] for r in rows] == ["2"]
+    printed = capsys.readouterr().out
+    assert "WARNING: echo-duo-v0 untrained: 2 of 2 episodes overflowed max_context (speaker 2" in printed
 
 
 def test_leaderboard_is_reproducible(lb: ModuleType, tmp_path: Path) -> None:

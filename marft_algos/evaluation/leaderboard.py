@@ -41,6 +41,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ from marft_algos.evaluation.policies import (
     untrained_policy,
 )
 from marft_algos.evaluation.report import markdown_table, versions, write_csv, write_json
-from marft_algos.evaluation.samples import SampleRecord, run_samples, summarize
+from marft_algos.evaluation.samples import SampleRecord, overlong_agents, run_samples, summarize
 from marft_algos.evaluation.suites import BUILTIN_TEAMS, SUITES, Suite, load_suite_file
 
 # Only the standard library at import time: `marft --help` builds this parser too.
@@ -89,11 +90,11 @@ __all__ = [
 
 COLUMNS = [
     "suite", "system", "env_id", "problems", "k", "accuracy", "ci_low", "ci_high", "pass_at_k",
-    "tokens_per_episode", "calls_per_episode", "verifier_timeouts", "seconds",
+    "tokens_per_episode", "calls_per_episode", "verifier_timeouts", "overlong_episodes", "seconds",
 ]
 _HEADERS = [
     "suite", "system", "env", "problems", "k", "acc (avg@k)", "95% CI low", "95% CI high", "pass@k",
-    "tokens/episode", "LLM calls/episode", "verifier timeouts", "seconds",
+    "tokens/episode", "LLM calls/episode", "verifier timeouts", "overlong episodes", "seconds",
 ]
 
 
@@ -202,6 +203,11 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append(row)
         print(f"[leaderboard] {suite.name:<10} {system:<22} acc {row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] "
               f"pass@{row['k']} {row['pass_at_k']:.3f}  tokens/ep {row['tokens_per_episode']:.1f}  ({seconds:.0f} s)", flush=True)
+        if row["overlong_episodes"]:  # never silent: these episodes played an empty action
+            who = Counter(a for r in recs for a in overlong_agents(r))
+            print(f"[leaderboard] WARNING: {suite.name} {system}: {row['overlong_episodes']} of {row['samples']} episodes "
+                  f"overflowed max_context ({', '.join(f'{a} {n}' for a, n in who.items())}); raise --max-context "
+                  "or shorten the prompts", flush=True)
         for r in recs:
             samples_f.write(json.dumps({"suite": suite.name, "system": system, **r.__dict__}) + "\n")
 

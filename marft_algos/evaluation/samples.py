@@ -13,7 +13,7 @@ from typing import Any
 
 from marft_algos.evaluation.report import wilson
 
-__all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "run_samples", "summarize", "by_problem", "COST_COMPONENTS"]
+__all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "run_samples", "summarize", "by_problem", "overlong_agents", "COST_COMPONENTS"]
 
 #: Reward components that are costs (they enter the reward negated; see marft_envs.rewards).
 COST_COMPONENTS = ("chars", "tokens", "turn")
@@ -153,7 +153,7 @@ def by_problem(records: Sequence[SampleRecord]) -> dict[int, list[SampleRecord]]
 
 
 def summarize(records: Sequence[SampleRecord], k: int | None = None) -> dict[str, Any]:
-    """avg@k accuracy (+ Wilson CI over problems), pass@k, tokens, calls, timeouts."""
+    """avg@k accuracy (+ Wilson CI over problems), pass@k, tokens, calls, timeouts, overlong episodes."""
     groups = by_problem(records)
     if k is not None:
         groups = {p: rs[:k] for p, rs in groups.items()}
@@ -173,4 +173,11 @@ def summarize(records: Sequence[SampleRecord], k: int | None = None) -> dict[str
         "tokens_per_episode": sum(r.tokens for r in flat) / len(flat) if flat else float("nan"),
         "calls_per_episode": sum(r.calls for r in flat) / len(flat) if flat else float("nan"),
         "verifier_timeouts": sum(r.timed_out for r in flat),
+        # episodes where some prompt did not fit max_context (played as an empty action)
+        "overlong_episodes": sum(bool(overlong_agents(r)) for r in flat),
     }
+
+
+def overlong_agents(record: SampleRecord) -> list[str]:
+    """The agents of ``record`` whose prompt did not fit the context (flag ``context_overflow``)."""
+    return [a["agent"] for a in record.actions if "context_overflow" in a.get("flags", ())]
