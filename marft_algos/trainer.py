@@ -843,8 +843,9 @@ class Trainer(ABC):
 
         ``parts``: only these :data:`~marft_algos.checkpoint.CHECKPOINT_PARTS` (default all).
 
-        With ``check_config`` (the default) the checkpoint's settings are compared with
-        this trainer's first (:func:`marft_algos.rundir.resume_changes`): settings that
+        A full resume (``parts`` None) with ``check_config`` (the default) compares the
+        checkpoint's settings with this trainer's first (:func:`marft_algos.rundir.resume_changes`;
+        loading some parts, e.g. only the weights into another run, is no resume): settings that
         cannot change on resume (env, algorithm, model, team, LoRA shape, data layout, seed)
         raise :class:`~marft_algos.rundir.ResumeConfigError` before anything is loaded;
         other changes apply (the new optimizer settings are written into the restored
@@ -853,15 +854,17 @@ class Trainer(ABC):
         """
         from marft_algos.checkpoint import (
             CheckpointError,
+            check_parts,
             find_checkpoint,
             load_checkpoint,
             read_checkpoint_config,
         )
         from marft_algos.rundir import apply_optimizer_settings, resume_changes
 
+        check_parts(parts)  # a wrong part name is the caller's error, not a damaged checkpoint
         ckpt = find_checkpoint(path)
         saved: dict[str, Any] | None = None
-        if check_config:
+        if check_config and parts is None:
             saved = read_checkpoint_config(ckpt)
             manifest = json.loads((ckpt / "MANIFEST.json").read_text(encoding="utf-8"))
             self.resume_changes = resume_changes(
