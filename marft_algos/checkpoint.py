@@ -49,6 +49,8 @@ from typing import Any
 
 import torch
 
+from .fsutil import fsync_dir, write_text_atomic
+
 __all__ = [
     "CHECKPOINT_PARTS",
     "CheckpointError",
@@ -95,29 +97,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # some filesystems refuse to open dirs; rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def _step_name(step: int) -> str:
     return f"step-{step:08d}"
 
@@ -151,7 +130,7 @@ def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
             json.dump(manifest, fh, indent=1)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _test_pause("save:manifest", step)
         if final.exists():  # the same step saved twice (e.g. save_every and the final save)
             trash = root / f".old-{name}-{os.getpid()}-{time.time_ns()}"
@@ -161,9 +140,9 @@ def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         _test_pause("save:latest", step)
-        _write_atomic_text(root / LATEST, name + "\n")
+        write_text_atomic(root / LATEST, name + "\n")
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.filename is None:  # a write() error names no file: name the checkpoint

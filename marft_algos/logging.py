@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from .fsutil import write_text_atomic
+
 __all__ = [
     "MetricsWriter",
     "JSONLWriter",
@@ -75,27 +77,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def _write_lines_atomic(path: Path, rows: Iterable[dict[str, Any]], *, sort_keys: bool) -> None:
     """Replace ``path`` by ``rows`` (one JSON line each) atomically: temp file, fsync, os.replace."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, sort_keys=sort_keys) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    write_text_atomic(path, "".join(json.dumps(row, sort_keys=sort_keys) + "\n" for row in rows))
 
 
 def _drop_torn_tail(path: Path) -> None:

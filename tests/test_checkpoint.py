@@ -114,7 +114,7 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, 
     assert not list(root.glob(".tmp-*"))  # the partial dir was removed
 
     # a crash after the rename but before `latest` moved: latest still names a valid checkpoint
-    monkeypatch.setattr(ckpt_mod, "_write_atomic_text", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(ckpt_mod, "write_text_atomic", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         t.save_checkpoint()
     monkeypatch.undo()
