@@ -239,6 +239,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         find_checkpoint,
         read_checkpoint_config,
     )
+    from marft_algos.distributed import env_rank
     from marft_algos.rundir import RunDirLock, check_new_run_dir, resume_changes
 
     if args.help:
@@ -254,15 +255,18 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.resume and not config.out_dir:
         _die("--resume needs --out (the run directory to continue)")
     out = Path(config.out_dir) if config.out_dir else None
+    # under torchrun / accelerate every rank runs this command: rank 0 alone checks, locks and
+    # writes the run dir (the other ranks would find it "in use" or "not empty")
+    main_rank = env_rank() == 0
     if out is not None:
         if out.exists() and not out.is_dir():
             _die(f"--out {out} is a file, not a directory; choose another --out")
         if args.resume and not out.is_dir():
             _die(f"cannot resume: run directory {out} does not exist")
-        if not args.resume:
+        if not args.resume and main_rank:
             check_new_run_dir(out)
-    created = out is not None and not out.exists()
-    lock = RunDirLock(out) if out is not None else None
+    created = out is not None and not out.exists() and main_rank
+    lock = RunDirLock(out) if out is not None and main_rank else None
     try:
         if lock is not None:
             lock.acquire()
@@ -284,7 +288,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"resumed from {ckpt} at step {trainer.global_step}")
             for line in getattr(trainer, "resume_changes", []):
                 print(f"  changed on resume (applied): {line}")
-        if out is not None:
+        if out is not None and main_rank:
             _write_config(config, out / "config.json")
     except BaseException:
         if lock is not None:
@@ -298,7 +302,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         if lock is not None:
             lock.release()
     last = trainer.history[-1] if trainer.history else {}
-    print(f"done: {trainer.global_step} steps, team/reward {last.get('team/reward', float('nan')):.3f}" + (f", run dir {config.out_dir}" if config.out_dir else ""))
+    if main_rank:
+            print(f"done: {trainer.global_step} steps, team/reward {last.get('team/reward', float('nan')):.3f}" + (f", run dir {config.out_dir}" if config.out_dir else ""))
     return 0
 
 

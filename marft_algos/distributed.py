@@ -43,6 +43,7 @@ import torch
 __all__ = [
     "Distributed",
     "init_distributed",
+    "env_rank",
     "env_world_size",
     "minibatch_weight",
     "rank_seed",
@@ -62,6 +63,15 @@ def env_world_size() -> int:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
         return 1
+
+
+def env_rank() -> int:
+    """``RANK`` set by torchrun / accelerate (0 without a launcher): known before the process
+    group exists, so start-up work on the run dir (lock, config.json) is done by rank 0 alone."""
+    try:
+        return max(0, int(os.environ.get("RANK", "0")))
+    except ValueError:
+        return 0
 
 
 def rank_seed(seed: int, step: int, rank: int) -> int:

@@ -678,13 +678,15 @@ class Trainer(ABC):
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
         """Train until ``global_step == steps`` (default ``config.steps``) or ``max_minutes``.
 
-        With an ``out_dir`` the run dir is locked for the duration
-        (:class:`marft_algos.rundir.RunDirLock`): a second run on it stops with an error.
+        With an ``out_dir`` the run dir is locked for the duration (by rank 0 under a
+        launcher; :class:`marft_algos.rundir.RunDirLock`): a second run on it stops with an error.
         """
         c = self.config
         target = c.steps if steps is None else steps
         lock = None
-        if c.out_dir:  # one run at a time per run dir (re-entrant: the CLI may hold it already)
+        # one run at a time per run dir (re-entrant: the CLI may hold it already); under a
+        # launcher the ranks are one run, and rank 0 holds the lock for all of them
+        if c.out_dir and self.dist.is_main:
             from marft_algos.checkpoint import clean_stale
             from marft_algos.rundir import RunDirLock
 
