@@ -303,7 +303,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             lock.release()
     last = trainer.history[-1] if trainer.history else {}
     if main_rank:
-            print(f"done: {trainer.global_step} steps, team/reward {last.get('team/reward', float('nan')):.3f}" + (f", run dir {config.out_dir}" if config.out_dir else ""))
+        print(f"done: {trainer.global_step} steps, team/reward {last.get('team/reward', float('nan')):.3f}" + (f", run dir {config.out_dir}" if config.out_dir else ""))
     return 0
 
 
