@@ -17,6 +17,8 @@ on other tasks it answers with an error message.
 
 from __future__ import annotations
 
+from typing import Any
+
 from marft_envs.tools.base import Tool, ToolContext, ToolError, ToolTimeoutError, register_tool
 from marft_envs.tools.calculator import CalculatorError, calculate
 
@@ -57,17 +59,19 @@ def _search(context: ToolContext, query: str, k: int = 3) -> str:
     return "\n".join(f"[{d.id}] {d.title}: {d.text}" for d in docs)
 
 
+def _arguments(properties: dict[str, dict[str, Any]], required: list[str]) -> dict[str, Any]:
+    """The JSON schema of a tool's arguments: an object of ``properties``, no others allowed."""
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
 def calculator_tool() -> Tool:
     """The ``calculator`` tool (see :mod:`marft_envs.tools.calculator`)."""
     return Tool(
         name="calculator",
         description="Evaluate an arithmetic expression exactly, e.g. '(47 - 18) * 3' or 'sqrt(2) / 4'.",
-        parameters={
-            "type": "object",
-            "properties": {"expression": {"type": "string", "maxLength": 500, "description": "the expression"}},
-            "required": ["expression"],
-            "additionalProperties": False,
-        },
+        parameters=_arguments(
+            {"expression": {"type": "string", "maxLength": 500, "description": "the expression"}}, ["expression"]
+        ),
         fn=_calculator,
     )
 
@@ -77,12 +81,9 @@ def python_tool() -> Tool:
     return Tool(
         name="python",
         description="Run a short Python program in a sandbox (no network, no files kept) and return what it prints.",
-        parameters={
-            "type": "object",
-            "properties": {"code": {"type": "string", "maxLength": 8000, "description": "a complete Python program"}},
-            "required": ["code"],
-            "additionalProperties": False,
-        },
+        parameters=_arguments(
+            {"code": {"type": "string", "maxLength": 8000, "description": "a complete Python program"}}, ["code"]
+        ),
         fn=_python,
         # the sandbox kills the program at PYTHON_TIMEOUT; the margin covers process start-up
         timeout=PYTHON_TIMEOUT + 25.0,
@@ -94,15 +95,13 @@ def search_tool() -> Tool:
     return Tool(
         name="search",
         description="Search the document collection; returns the best-matching documents as '[id] title: text'.",
-        parameters={
-            "type": "object",
-            "properties": {
+        parameters=_arguments(
+            {
                 "query": {"type": "string", "minLength": 1, "maxLength": 500, "description": "what to look for"},
                 "k": {"type": "integer", "minimum": 1, "maximum": 10, "description": "how many documents (default 3)"},
             },
-            "required": ["query"],
-            "additionalProperties": False,
-        },
+            ["query"],
+        ),
         fn=_search,
         pass_context=True,
     )

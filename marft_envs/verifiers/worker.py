@@ -309,11 +309,7 @@ class _Worker:
             self.proc.kill()
         except OSError:
             pass
-        for conn in (self.tx, self.rx):
-            try:
-                conn.close()
-            except OSError:
-                pass
+        self.close_pipes()
         if reap:
             self.reap()
 
@@ -323,8 +319,9 @@ class _Worker:
         except (subprocess.TimeoutExpired, OSError):
             pass
 
-    def close_fds_only(self) -> None:
-        """In a forked child: drop our copies of the parent's pipes, leave its workers alone."""
+    def close_pipes(self) -> None:
+        """Close our ends of the worker's pipes, leaving the process alone (all that a
+        forked child may do: the workers are its parent's)."""
         for conn in (self.tx, self.rx):
             try:
                 conn.close()
@@ -499,7 +496,7 @@ class WorkerPool:
         """In a forked child: close this pool's copies of the workers' pipes without
         killing the workers (they are the parent's); the child starts a fresh pool."""
         for worker in list(self._all):
-            worker.close_fds_only()
+            worker.close_pipes()
 
 
 _POOL: WorkerPool | None = None
