@@ -13,8 +13,8 @@ place, exactly as PettingZoo's classic games do:
 * a call that needs an episode before ``reset()`` raises :class:`ResetNeededError`;
 * actions are sanitised (:func:`~marft_envs.text_env.sanitize_action`): bad text never raises.
 
-A subclass sets up the episode in ``reset`` (ending with :meth:`TextAECEnv._start_episode`),
-applies an action between :meth:`TextAECEnv._begin_step` and :meth:`TextAECEnv._end_step`,
+A subclass sets up the episode in ``reset`` (with :meth:`TextAECEnv._start_episode`),
+applies a live agent's action in :meth:`TextAECEnv._act` (``step`` does the rest),
 ends an episode with :meth:`TextAECEnv._end_episode`, and writes its render text in
 :meth:`TextAECEnv._render_text`.
 """
@@ -143,19 +143,24 @@ class TextAECEnv(AECEnv):
         self.truncations = dict.fromkeys(self.agents, False)
         self.infos = {a: {"turn": 0, "flags": []} for a in self.agents}
 
-    def _begin_step(self, action: Any) -> tuple[str, str, list[str]] | None:
-        """The first half of ``step``: a dead agent's step is done here (``None``);
-        else ``(agent, sanitised text, flags)`` with the acting agent's accumulated
-        reward handed over and the last step's rewards cleared."""
+    def step(self, action: Any) -> None:
+        """Apply the selected agent's action: a dead agent must step ``None`` (PettingZoo's
+        rule; it is then removed); a live agent's action is sanitised (bad text is flagged,
+        never raises) and applied by the env's rules (:meth:`_act`)."""
         self._require_reset("step()")
         agent = self.agent_selection
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
-            return None
+            return
         text, flags = sanitize_action(action, self.max_action_chars)
-        self._cumulative_rewards[agent] = 0.0
+        self._cumulative_rewards[agent] = 0.0  # handed over by last() before this step
         self._clear_rewards()
-        return agent, text, flags
+        self._act(agent, text, flags)
+        self._end_step()
+
+    def _act(self, agent: str, text: str, flags: list[str]) -> None:
+        """Apply ``agent``'s sanitised action ``text`` (``flags``: the sanitiser's, to extend)."""
+        raise NotImplementedError
 
     def _end_step(self) -> None:
         """The last of ``step`` (and ``reset``): rewards accumulated, a frame rendered in human mode."""

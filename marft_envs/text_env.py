@@ -386,8 +386,7 @@ class TextTeamEnv(TextAECEnv):
         ``tool_config.inline_schemas``) is False; pass ``tools=env.tools(agent)`` to the chat
         template then. See ``docs/tools.md``."""
         system, user = self._view(agent, inline_tools)
-        msgs = [{"role": "system", "content": system}] if system else []
-        msgs.append({"role": "user", "content": user})
+        msgs = self._chat(system, user)
         msgs += self.tool_loop.transcript(agent)
         return msgs
 
@@ -414,13 +413,8 @@ class TextTeamEnv(TextAECEnv):
                 )
         return nxt  # type: ignore[return-value]
 
-    def step(self, action: Any) -> None:
-        """Apply the selected agent's action (sanitized, never raises for bad text);
-        grades the turn when the topology says it is complete."""
-        begun = self._begin_step(action)
-        if begun is None:  # a dead agent's step
-            return
-        agent, text, flags = begun
+    def _act(self, agent: str, text: str, flags: list[str]) -> None:
+        """Apply ``agent``'s sanitised action; grade the turn when the topology says it is complete."""
         if flags:
             self.stats["bad_actions"] += 1
         if _SPECIAL_TOKEN_RE.search(text):
@@ -430,7 +424,6 @@ class TextTeamEnv(TextAECEnv):
         tool_info = self.tool_loop.step(self, agent, text, flags)
         if tool_info is not None:  # a tool continuation: the same agent acts again (legal in AEC)
             self.infos[agent] = tool_info
-            self._end_step()
             return
         self._executed.append((agent, text))
         self._action_flags[agent] = flags
@@ -445,7 +438,6 @@ class TextTeamEnv(TextAECEnv):
             self._end_turn()
         else:
             self.agent_selection = nxt
-        self._end_step()
 
     def _grade(self, answer_agent: str | None) -> GradeResult:
         assert self.problem is not None

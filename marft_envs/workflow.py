@@ -549,13 +549,9 @@ class WorkflowEnv(TextAECEnv):
         return {"prompt": prompt[: self._max_prompt], "turn": 0}
 
     # ------------------------------------------------------------------- step
-    def step(self, action: Any) -> None:
-        """Answer the pending call of the selected role with ``action`` and run the
-        program to its next call (or its end)."""
-        begun = self._begin_step(action)
-        if begun is None:  # a dead agent's step
-            return
-        agent, text, flags = begun
+    def _act(self, agent: str, text: str, flags: list[str]) -> None:
+        """Answer the pending call of ``agent`` with ``text`` and run the program to its
+        next call (or its end)."""
         self._step_flags = list(flags)
         assert self._pending is not None and self._pending.role == agent
         self._pending.response = text
@@ -567,7 +563,6 @@ class WorkflowEnv(TextAECEnv):
             self.infos[agent] = {"turn": 0, "flags": list(self._step_flags), "call": index}
         elif agent in self.infos:
             self.infos[agent]["call"] = index
-        self._end_step()
 
     # ------------------------------------------------------------- pickling
     def __getstate__(self) -> dict[str, Any]:

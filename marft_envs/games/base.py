@@ -184,12 +184,8 @@ class TextGameEnv(TextAECEnv):
         return self._chat(*self._view(agent))
 
     # ----------------------------------------------------------------- step
-    def step(self, action: Any) -> None:
-        """Apply the selected agent's move; bad text is sanitised, flagged and never raises."""
-        begun = self._begin_step(action)
-        if begun is None:  # a dead agent's step
-            return
-        agent, text, flags = begun
+    def _act(self, agent: str, text: str, flags: list[str]) -> None:
+        """Apply ``agent``'s move (:meth:`_play`); an invalid move is flagged and counted."""
         if flags:
             self.stats["bad_actions"] += 1
         extras = self._play(agent, text, flags)
@@ -201,7 +197,6 @@ class TextGameEnv(TextAECEnv):
         else:
             self.infos[agent]["flags"] = list(dict.fromkeys(flags + self.infos[agent]["flags"]))
             self.infos[agent].update(extras)
-        self._end_step()
 
     def _give(self, rewards: Mapping[str, float]) -> None:
         """Hand out rewards in this step (added to each agent's game payoff)."""

@@ -64,26 +64,29 @@ def _arguments(properties: dict[str, dict[str, Any]], required: list[str]) -> di
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
+def _text_tool(name: str, description: str, argument: tuple[str, int, str], **kwargs: Any) -> Tool:
+    """A tool of one required string ``argument`` = ``(name, max length, description)``."""
+    arg, max_length, arg_description = argument
+    schema = {arg: {"type": "string", "maxLength": max_length, "description": arg_description}}
+    return Tool(name=name, description=description, parameters=_arguments(schema, [arg]), **kwargs)
+
+
 def calculator_tool() -> Tool:
     """The ``calculator`` tool (see :mod:`marft_envs.tools.calculator`)."""
-    return Tool(
-        name="calculator",
-        description="Evaluate an arithmetic expression exactly, e.g. '(47 - 18) * 3' or 'sqrt(2) / 4'.",
-        parameters=_arguments(
-            {"expression": {"type": "string", "maxLength": 500, "description": "the expression"}}, ["expression"]
-        ),
+    return _text_tool(
+        "calculator",
+        "Evaluate an arithmetic expression exactly, e.g. '(47 - 18) * 3' or 'sqrt(2) / 4'.",
+        ("expression", 500, "the expression"),
         fn=_calculator,
     )
 
 
 def python_tool() -> Tool:
     """The ``python`` tool: runs a program in the code sandbox and returns what it prints."""
-    return Tool(
-        name="python",
-        description="Run a short Python program in a sandbox (no network, no files kept) and return what it prints.",
-        parameters=_arguments(
-            {"code": {"type": "string", "maxLength": 8000, "description": "a complete Python program"}}, ["code"]
-        ),
+    return _text_tool(
+        "python",
+        "Run a short Python program in a sandbox (no network, no files kept) and return what it prints.",
+        ("code", 8000, "a complete Python program"),
         fn=_python,
         # the sandbox kills the program at PYTHON_TIMEOUT; the margin covers process start-up
         timeout=PYTHON_TIMEOUT + 25.0,

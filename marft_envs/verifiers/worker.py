@@ -357,13 +357,17 @@ class WorkerPool:
         try:
             worker = _Worker()
         except BaseException:
-            with self._cond:
-                self._count -= 1
-                self._cond.notify()
+            self._free_slot()
             raise
         with self._cond:
             self._all.add(worker)
         return worker
+
+    def _free_slot(self) -> None:
+        """A worker that was counted could not start: its slot is free for a waiting thread."""
+        with self._cond:
+            self._count -= 1
+            self._cond.notify()
 
     def _release(self, worker: _Worker) -> None:
         with self._cond:
@@ -393,9 +397,7 @@ class WorkerPool:
             fresh = _Worker()
         except Exception as exc:  # noqa: BLE001 - e.g. out of file descriptors
             logger.error("could not restart a grading worker: %s", exc)
-            with self._cond:
-                self._count -= 1
-                self._cond.notify()
+            self._free_slot()
             return
         with self._cond:
             self._all.add(fresh)
