@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from marft_envs.configs import check_weights, config_from_any
 from marft_envs.tasks.base import GradeResult
 
 __all__ = ["RewardConfig", "approx_tokens"]
@@ -53,30 +54,12 @@ class RewardConfig:
     cost_per_turn: float = 0.0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"reward weight {f.name!r} must be a finite number, got {value!r}")
-            object.__setattr__(self, f.name, float(value))
-            if f.name.startswith("cost_") and value < 0:
-                raise ValueError(
-                    f"{f.name} is a cost: give it as a non-negative number (it is subtracted), got {value}"
-                )
+        check_weights(self, "reward")
 
     @classmethod
     def from_any(cls, value: RewardConfig | Mapping[str, Any] | None) -> RewardConfig:
         """Accept a config, a dict of weights (unknown keys rejected) or ``None`` (defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, Mapping):
-            raise TypeError(f"reward must be a dict of weights or a RewardConfig, got {type(value).__name__}")
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(value) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown reward keys {unknown}; valid keys: {valid}")
-        return cls(**value)
+        return config_from_any(cls, value, name="reward", expected="a dict of weights or a RewardConfig")
 
     def to_dict(self) -> dict[str, float]:
         """The weights as a plain dict (JSON-safe, e.g. for run configs)."""

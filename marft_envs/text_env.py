@@ -106,15 +106,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import gymnasium
 import numpy as np
-from gymnasium.utils import seeding
-from pettingzoo import AECEnv
 
+from marft_envs.aec import ResetNeededError, TextAECEnv, check_problem_index, sanitize_action
 from marft_envs.profiles import Team
 from marft_envs.registration import EnvArgumentError, accepted_arguments, check_arguments
 from marft_envs.rewards import RewardConfig
-from marft_envs.spaces import UnicodeText, action_space, observation_space
 from marft_envs.tasks import resolve_task_class
 from marft_envs.tasks.base import GradeResult, Problem, Task
 from marft_envs.tools.loop import ToolLoop
@@ -123,7 +120,6 @@ __all__ = ["ResetNeededError", "TextTeamEnv", "check_grade_result", "env", "raw_
 
 logger = logging.getLogger("marft_envs")
 
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 # Wall-clock measurements vary run to run; infos must not (PettingZoo's seed_test compares them).
 _TIMING_KEYS = frozenset({"seconds", "elapsed", "elapsed_s", "time", "wall_time", "duration"})
 _STAT_KEYS = (
@@ -149,38 +145,6 @@ _GRADE_FLAG_STATS = {
 
 
 _SPECIAL_TOKEN_RE = re.compile(r"<\|[^|<>\s]{1,64}\|>")
-
-
-def sanitize_action(action: Any, max_chars: int) -> tuple[str, list[str]]:
-    """``(text, flags)``: any action made into a string of at most ``max_chars`` characters."""
-    flags: list[str] = []
-    if action is None:
-        return "", ["none_action", "empty_action"]
-    if isinstance(action, str):
-        text = str(action)  # np.str_ and other subclasses -> plain str
-    else:
-        flags.append("not_a_string")
-        try:
-            if isinstance(action, (bytes, bytearray, memoryview)):
-                text = bytes(action[: 4 * max_chars]).decode("utf-8", errors="replace")
-            else:
-                text = str(action)
-        except Exception:
-            text = ""
-    if len(text) > max_chars:
-        text = text[:max_chars]
-        flags.append("action_truncated")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates cannot reach a tokenizer or a log file
-        text = text.encode("utf-8", errors="replace").decode("utf-8")
-        flags.append("invalid_unicode")
-    if _CONTROL_RE.search(text):
-        text = _CONTROL_RE.sub("", text)
-        flags.append("binary_action")
-    if not text.strip():
-        flags.append("empty_action")
-    return text, flags
 
 
 def _qualname(cls: type) -> str:
@@ -223,11 +187,6 @@ def check_grade_result(result: Any, where: str) -> GradeResult:
     return result
 
 
-class ResetNeededError(RuntimeError, AssertionError):
-    """A call that needs an episode came before ``reset()``. Also an AssertionError,
-    the type PettingZoo's OrderEnforcingWrapper raises for the same mistake."""
-
-
 def _build_task(task: Task | str, task_kwargs: Mapping[str, Any] | None, options: dict[str, Any]) -> Task:
     if isinstance(task, Task):
         if task_kwargs or options:
@@ -251,7 +210,7 @@ def _build_task(task: Task | str, task_kwargs: Mapping[str, Any] | None, options
         raise TypeError(f"task {task!r} ({cls.__name__}) rejected arguments {sorted(kwargs)}: {e}") from e
 
 
-class TextTeamEnv(AECEnv):
+class TextTeamEnv(TextAECEnv):
     """A team of LLM agents solving a text task (see the module docstring)."""
 
     metadata = {"name": "text_team_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
@@ -278,8 +237,7 @@ class TextTeamEnv(AECEnv):
             raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
         if not (isinstance(max_action_chars, (int, np.integer)) and max_action_chars >= 1):
             raise ValueError(f"max_action_chars must be an integer >= 1, got {max_action_chars!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self._check_render_mode(render_mode)
         self.task: Task = _build_task(task, task_kwargs, task_options)
         self.team: Team = Team.load(team if team is not None else (profiles if profiles is not None else "duo"))
         self.horizon = int(horizon)
@@ -292,25 +250,18 @@ class TextTeamEnv(AECEnv):
         # Tool calling (marft_envs.tools): the profiles' tools, budgets, parser; inert without tools.
         self.tool_loop = ToolLoop(self.team, tool_config)
 
-        self.possible_agents = self.team.agents
-        n = len(self.possible_agents)
+        n = len(self.team.agents)
         # A multi-hop topology may schedule more actions per turn than there are agents.
         per_turn = max(n, int(getattr(self.team.topology, "max_actions_per_turn", n)))
         max_prompt = 65_536 + self.horizon * per_turn * (self.max_action_chars + 256)
         max_prompt += self.horizon * self.tool_loop.extra_prompt_chars(self.max_action_chars)
-        # One space object per agent, created once: api_test and seeding rely on identity.
-        self._observation_spaces = {a: observation_space(max_prompt, self.horizon) for a in self.possible_agents}
-        self._action_spaces = {a: action_space(self.max_action_chars) for a in self.possible_agents}
-        self._max_prompt = max_prompt
+        self._init_spaces(self.team.agents, max_prompt, self.horizon)
 
         self.stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
         #: Timing fields of the last grade (kept out of infos, which must be deterministic).
         self.last_grade_timing: dict[str, Any] = {}
         self.max_grade_seconds = 0.0
-        self._np_random: np.random.Generator | None = None
-        self._np_random_seed: int | None = None
         self.problem: Problem | None = None
-        self.agents: list[str] = []
         self.turn = 0
         self._executed: list[tuple[str, str]] = []
         self._history: list[list[tuple[str, str]]] = []
@@ -318,27 +269,11 @@ class TextTeamEnv(AECEnv):
         self._action_flags: dict[str, list[str]] = {}
         self._turn_flags: list[str] = []
 
-    # ------------------------------------------------------------------ spaces
-    def observation_space(self, agent: str) -> gymnasium.spaces.Dict:
-        """``Dict(prompt=UnicodeText, turn=Discrete)``, the same object on every call."""
-        return self._observation_spaces[agent]
-
-    def action_space(self, agent: str) -> UnicodeText:
-        """``UnicodeText(max_action_chars)``, the same object on every call."""
-        return self._action_spaces[agent]
-
     # -------------------------------------------------------------- properties
     @property
     def num_problems(self) -> int:
         """Number of problems the task offers (``reset`` options may pick one)."""
         return len(self.task)
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        """The env's generator; seeded by ``reset(seed=...)``, else from OS entropy on first use."""
-        if self._np_random is None:
-            self._np_random, self._np_random_seed = seeding.np_random()
-        return self._np_random
 
     @property
     def executed(self) -> list[tuple[str, str]]:
@@ -353,23 +288,14 @@ class TextTeamEnv(AECEnv):
     # ------------------------------------------------------------------- reset
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Start an episode: ``seed`` fixes the problem drawn; ``options={"problem_index": k}`` picks one."""
-        if seed is not None:
-            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        self._seed(seed)
         options = options or {}
         if "problem_index" in options:
-            k = options["problem_index"]
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < len(self.task):
-                raise ValueError(f"problem_index must be an int in [0, {len(self.task)}), got {k!r}")
-            self.problem = self.task.get(int(k))
+            self.problem = self.task.get(check_problem_index(options["problem_index"], len(self.task)))
         else:
             self.problem = self.task.sample(self.np_random)
 
-        self.agents = list(self.possible_agents)
-        self.rewards = dict.fromkeys(self.agents, 0.0)
-        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
-        self.terminations = dict.fromkeys(self.agents, False)
-        self.truncations = dict.fromkeys(self.agents, False)
-        self.infos = {a: {"turn": 0, "flags": []} for a in self.agents}
+        self._start_episode()
         self.turn = 0
         self._executed = []
         self._history = []
@@ -391,9 +317,9 @@ class TextTeamEnv(AECEnv):
         parents = set(self.team.topology.parents(agent, executed))
         return [(a, x) for a, x in executed if a == agent or a in parents]
 
-    def _require_reset(self, call: str) -> None:
-        if self.problem is None:
-            raise ResetNeededError(f"call reset() before {call}")
+    def _is_reset(self) -> bool:
+        """Whether ``reset()`` drew a problem."""
+        return self.problem is not None
 
     def _view(self, agent: str, inline: bool | None = True) -> tuple[str, str]:
         """``(system, user)`` text of ``agent``'s observation."""
@@ -460,8 +386,7 @@ class TextTeamEnv(AECEnv):
         ``tool_config.inline_schemas``) is False; pass ``tools=env.tools(agent)`` to the chat
         template then. See ``docs/tools.md``."""
         system, user = self._view(agent, inline_tools)
-        msgs = [{"role": "system", "content": system}] if system else []
-        msgs.append({"role": "user", "content": user})
+        msgs = self._chat(system, user)
         msgs += self.tool_loop.transcript(agent)
         return msgs
 
@@ -488,39 +413,17 @@ class TextTeamEnv(AECEnv):
                 )
         return nxt  # type: ignore[return-value]
 
-    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        """PettingZoo's ``last()``, with a clear error before ``reset()``."""
-        self._require_reset("last()")
-        return super().last(observe)
-
-    def agent_iter(self, max_iter: int = 2**63) -> Any:
-        """PettingZoo's ``agent_iter()``; before ``reset()`` it would silently yield nothing."""
-        self._require_reset("agent_iter()")
-        return super().agent_iter(max_iter)
-
-    def step(self, action: Any) -> None:
-        """Apply the selected agent's action (sanitized, never raises for bad text);
-        grades the turn when the topology says it is complete."""
-        self._require_reset("step()")
-        agent = self.agent_selection
-        if self.terminations[agent] or self.truncations[agent]:
-            self._was_dead_step(action)
-            return
-        text, flags = sanitize_action(action, self.max_action_chars)
+    def _act(self, agent: str, text: str, flags: list[str]) -> None:
+        """Apply ``agent``'s sanitised action; grade the turn when the topology says it is complete."""
         if flags:
             self.stats["bad_actions"] += 1
         if _SPECIAL_TOKEN_RE.search(text):
             # Chat-template markers in a reply: kept as text (policies encode contents
             # literally, marft_algos.models.chat) but flagged: a forged turn is an attack.
             flags.append("special_tokens_in_action")
-        self._cumulative_rewards[agent] = 0.0
-        self._clear_rewards()
         tool_info = self.tool_loop.step(self, agent, text, flags)
         if tool_info is not None:  # a tool continuation: the same agent acts again (legal in AEC)
             self.infos[agent] = tool_info
-            self._accumulate_rewards()
-            if self.render_mode == "human":
-                self.render()
             return
         self._executed.append((agent, text))
         self._action_flags[agent] = flags
@@ -535,9 +438,6 @@ class TextTeamEnv(AECEnv):
             self._end_turn()
         else:
             self.agent_selection = nxt
-        self._accumulate_rewards()
-        if self.render_mode == "human":
-            self.render()
 
     def _grade(self, answer_agent: str | None) -> GradeResult:
         assert self.problem is not None
@@ -621,10 +521,7 @@ class TextTeamEnv(AECEnv):
 
         solved = bool(grade.correct)
         if solved or self.turn + 1 >= self.horizon:
-            for a in self.agents:
-                self.terminations[a] = solved
-                self.truncations[a] = not solved
-            self._deads_step_first()
+            self._end_episode(truncated=not solved)
             return
         # Next turn: the executed pairs become history, with the verifier's line if enabled.
         self._history.append(list(executed))
@@ -640,31 +537,20 @@ class TextTeamEnv(AECEnv):
         self.agent_selection = self._next_agent()
 
     # ------------------------------------------------------------------ render
-    def render(self) -> str | None:
-        """Print (``human``) or return (``ansi``) the episode as text."""
-        if self.render_mode is None:
-            gymnasium.logger.warn("render() called without a render_mode; use render_mode='human' or 'ansi'.")
-            return None
-        if self.problem is None:
-            text = "(not reset)"
-        else:
-            lines = [f"== {self.problem.id} ==", self.problem.question]
-            for t, past in enumerate([*self._history, self._executed]):
-                lines.append(f"-- turn {t + 1} --")
-                lines += [f"[{a}]: {x}" for a, x in past]
-                if t < len(self._feedback_lines) and self._feedback_lines[t]:
-                    lines.append(self._feedback_lines[t])
-            if self.agents:
-                lines.append(f"(next: {self.agent_selection})")
-            text = "\n".join(lines)
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
+    def _render_text(self) -> str:
+        """The problem and the turns so far, with the agent to act next."""
+        lines = [f"== {self.problem.id} ==", self.problem.question]  # type: ignore[union-attr]
+        for t, past in enumerate([*self._history, self._executed]):
+            lines.append(f"-- turn {t + 1} --")
+            lines += [f"[{a}]: {x}" for a, x in past]
+            if t < len(self._feedback_lines) and self._feedback_lines[t]:
+                lines.append(self._feedback_lines[t])
+        if self.agents:
+            lines.append(f"(next: {self.agent_selection})")
+        return "\n".join(lines)
 
     def close(self) -> None:
         """Nothing to release: graders and sandboxes clean up per call."""
-        pass
 
     def __repr__(self) -> str:
         return f"TextTeamEnv(task={self.task!r}, team={self.team!r}, horizon={self.horizon})"

@@ -38,6 +38,7 @@ __all__ = [
     "MultiHopRouted",
     "Routed",
     "RouteDecision",
+    "SeeAll",
     "TopologyError",
     "topology_from_dict",
 ]
@@ -121,6 +122,40 @@ class Topology:
     def _check_agent(self, agent: str) -> None:
         if agent not in self.agents:
             raise KeyError(f"unknown agent {agent!r}; agents are {list(self.agents)}")
+
+
+class SeeAll(Topology):
+    """Base of the topologies in which any agent may see any other's action: who acts,
+    and so who is seen, is decided at run time (a multi-hop router, a workflow program)."""
+
+    is_static = False
+    repeats = True
+
+    def parents(self, agent: str, executed: Executed = ()) -> list[str]:
+        """Everyone else (statically); of ``executed``, every other agent that acted, in
+        first-action order."""
+        self._check_agent(agent)
+        if not executed:
+            return [a for a in self.agents if a != agent]
+        return list(dict.fromkeys(a for a, _ in executed if a != agent))
+
+    def dependency(self, a_i: str, a_j: str) -> bool:
+        """Any agent may see any other's action."""
+        self._check_agent(a_i)
+        self._check_agent(a_j)
+        return a_i != a_j
+
+    def topological_order(self) -> list[str]:
+        """Declaration order (D is decided at run time)."""
+        return list(self.agents)
+
+
+def _routed_dict(kind: str, fields: dict[str, Any], route_pattern: str) -> dict[str, Any]:
+    """The JSON form of a routed topology: ``route_pattern`` only when not the default."""
+    d: dict[str, Any] = {"type": kind, **fields}
+    if route_pattern != Routed.DEFAULT_PATTERN:
+        d["route_pattern"] = route_pattern
+    return d
 
 
 def _unique(names: Iterable[str], what: str) -> tuple[str, ...]:
@@ -429,16 +464,9 @@ class Routed(Topology):
 
     def to_dict(self) -> dict[str, Any]:
         """``{"type": "routed", ...}`` (``route_pattern`` only when not the default)."""
-        d: dict[str, Any] = {
-            "type": "routed",
-            "orchestrator": self.orchestrator,
-            "specialists": list(self.specialists),
-            "finisher": self.finisher,
-            "default": self.default,
-        }
-        if self.route_pattern != self.DEFAULT_PATTERN:
-            d["route_pattern"] = self.route_pattern
-        return d
+        fields = {"orchestrator": self.orchestrator, "specialists": list(self.specialists),
+                  "finisher": self.finisher, "default": self.default}
+        return _routed_dict("routed", fields, self.route_pattern)
 
     def __repr__(self) -> str:
         return (
@@ -452,7 +480,7 @@ class Routed(Topology):
     __hash__ = None  # type: ignore[assignment]
 
 
-class MultiHopRouted(Topology):
+class MultiHopRouted(SeeAll):
     """An orchestrator that routes to specialists one hop at a time and gets control back.
 
     Turn: ``orchestrator`` -> specialist -> ``orchestrator`` -> specialist -> ... ->
@@ -477,8 +505,6 @@ class MultiHopRouted(Topology):
     two agents more than twice in a row).
     """
 
-    is_static = False
-    repeats = True
     FINISH_WORDS = ("done", "finish", "finished", "end", "none", "answer", "final", "stop")
     DONE = "done"
 
@@ -557,20 +583,6 @@ class MultiHopRouted(Topology):
             return ["hop_budget_exhausted"]
         return flags
 
-    def parents(self, agent: str, executed: Executed = ()) -> list[str]:
-        """Everyone else (statically); of ``executed``, every other agent that acted, in
-        first-action order."""
-        self._check_agent(agent)
-        if not executed:
-            return [a for a in self.agents if a != agent]
-        return list(dict.fromkeys(a for a, _ in executed if a != agent))
-
-    def dependency(self, a_i: str, a_j: str) -> bool:
-        """Any agent may see any other's action (which ones depends on the hop)."""
-        self._check_agent(a_i)
-        self._check_agent(a_j)
-        return a_i != a_j
-
     def visible_actions(self, agent: str, executed: Executed) -> list[tuple[str, str]]:
         """The whole turn so far, in order (the agent's own earlier actions included)."""
         self._check_agent(agent)
@@ -609,21 +621,10 @@ class MultiHopRouted(Topology):
                 loops += 1
         return {"routes": routes, "hops": self._hops(executed), "route_counts": counts, "handoff_loops": loops}
 
-    def topological_order(self) -> list[str]:
-        """Declaration order (D is cyclic over a turn: it changes per hop)."""
-        return list(self.agents)
-
     def to_dict(self) -> dict[str, Any]:
         """``{"type": "multihop", ...}`` (``route_pattern`` only when not the default)."""
-        d: dict[str, Any] = {
-            "type": "multihop",
-            "orchestrator": self.orchestrator,
-            "specialists": list(self.specialists),
-            "max_hops": self.max_hops,
-        }
-        if self.route_pattern != Routed.DEFAULT_PATTERN:
-            d["route_pattern"] = self.route_pattern
-        return d
+        fields = {"orchestrator": self.orchestrator, "specialists": list(self.specialists), "max_hops": self.max_hops}
+        return _routed_dict("multihop", fields, self.route_pattern)
 
     def __repr__(self) -> str:
         return f"MultiHopRouted({self.orchestrator!r}, {list(self.specialists)}, max_hops={self.max_hops})"

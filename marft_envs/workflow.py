@@ -85,17 +85,13 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import gymnasium
 import numpy as np
-from gymnasium.utils import seeding
-from pettingzoo import AECEnv
 
+from marft_envs.aec import TextAECEnv, check_problem_index, sanitize_action
 from marft_envs.profiles import AgentProfile
-from marft_envs.spaces import action_space, observation_space
 from marft_envs.tasks import resolve_task_class
 from marft_envs.tasks.base import GradeResult, Problem, Task
-from marft_envs.text_env import ResetNeededError, sanitize_action
-from marft_envs.topology import Topology, TopologyError, _unique
+from marft_envs.topology import SeeAll, TopologyError, _unique
 
 __all__ = [
     "ProblemList",
@@ -180,14 +176,11 @@ class ProblemList(Task):
         return GradeResult(correct=ok, score=float(ok), extracted=response.strip()[:200], format_ok=True)
 
 
-class ProgramOrder(Topology):
+class ProgramOrder(SeeAll):
     """D of a workflow: decided by the program at run time (any call may see any earlier one).
 
     The acting order is the order of the calls (``info["call_order"]``); this object only
     describes the possible dependencies for the catalog and for code that asks a team."""
-
-    is_static = False
-    repeats = True
 
     def __init__(self, agents: Sequence[str]):
         self.agents = _unique(agents, "role")
@@ -197,23 +190,6 @@ class ProgramOrder(Topology):
     def next_agent(self, executed: Any) -> str | None:
         """Not known in advance: the program decides (read ``env.agent_selection``)."""
         raise TopologyError("a workflow's program decides who acts next; read env.agent_selection")
-
-    def parents(self, agent: str, executed: Any = ()) -> list[str]:
-        """Every other role that was called so far (the program may show any of their replies)."""
-        self._check_agent(agent)
-        if not executed:
-            return [a for a in self.agents if a != agent]
-        return list(dict.fromkeys(a for a, _ in executed if a != agent))
-
-    def dependency(self, a_i: str, a_j: str) -> bool:
-        """Any role may see any other's reply (the program passes what it wants)."""
-        self._check_agent(a_i)
-        self._check_agent(a_j)
-        return a_i != a_j
-
-    def topological_order(self) -> list[str]:
-        """Declaration order (the real order is per episode)."""
-        return list(self.agents)
 
     def to_dict(self) -> dict[str, Any]:
         """``{"type": "program", "agents": [...]}`` (not loadable: a program is code)."""
@@ -338,7 +314,7 @@ def _reward_components(value: Any) -> dict[str, float] | None:
     return None
 
 
-class WorkflowEnv(AECEnv):
+class WorkflowEnv(TextAECEnv):
     """A multi-agent program run as an AEC env (see the module docstring)."""
 
     metadata = {"name": "workflow_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
@@ -360,8 +336,7 @@ class WorkflowEnv(AECEnv):
         self.program = _resolve_program(program)
         if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
             raise ValueError(f"max_calls must be an integer >= 1, got {max_calls!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self._check_render_mode(render_mode)
         if isinstance(problems, Task):
             if task_options:
                 raise TypeError(f"unexpected arguments {sorted(task_options)} with a Task instance")
@@ -373,20 +348,14 @@ class WorkflowEnv(AECEnv):
                 raise TypeError(f"unexpected arguments {sorted(task_options)} with a problem list")
             self.task = ProblemList(problems)
         self.team = WorkflowTeam(self, roles, sampling)
-        self.possible_agents = list(self.team.roles)
         self.max_calls = int(max_calls)
         self.max_action_chars = int(max_action_chars)
         self.render_mode = render_mode
-        self._observation_spaces = {a: observation_space(max_prompt_chars, 1) for a in self.possible_agents}
-        self._action_spaces = {a: action_space(self.max_action_chars) for a in self.possible_agents}
-        self._max_prompt = int(max_prompt_chars)
+        self._init_spaces(self.team.roles, max_prompt_chars, 1)
         self.metadata = {**type(self).metadata, "name": f"workflow_{getattr(self.program, '__name__', 'program')}_v0"}
         self.stats: dict[str, int] = {"episodes": 0, "calls": 0, "program_errors": 0, "bad_calls": 0,
                                       "max_calls_exceeded": 0, "no_calls": 0}
-        self._np_random: np.random.Generator | None = None
-        self._np_random_seed: int | None = None
         self.problem: Problem | None = None
-        self.agents: list[str] = []
         self.calls: list[WorkflowCall] = []
         self._coro: Any = None
         self._pending: WorkflowCall | None = None
@@ -396,26 +365,10 @@ class WorkflowEnv(AECEnv):
         self._error: str | None = None
         self._rng_state: dict[str, Any] | None = None  # the generator at reset (replayed on restore)
 
-    # ------------------------------------------------------------------ spaces
-    def observation_space(self, agent: str) -> gymnasium.spaces.Dict:
-        """``Dict(prompt=UnicodeText, turn=Discrete(2))``, the same object on every call."""
-        return self._observation_spaces[agent]
-
-    def action_space(self, agent: str) -> Any:
-        """``UnicodeText(max_action_chars)``, the same object on every call."""
-        return self._action_spaces[agent]
-
     @property
     def num_problems(self) -> int:
         """Number of problems (``reset`` options may pick one)."""
         return len(self.task)
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        """The env's generator; seeded by ``reset(seed=...)``."""
-        if self._np_random is None:
-            self._np_random, self._np_random_seed = seeding.np_random()
-        return self._np_random
 
     @property
     def call_order(self) -> list[str]:
@@ -512,8 +465,6 @@ class WorkflowEnv(AECEnv):
         flags = list(dict.fromkeys(self._flags))
         for a in self.agents:
             self.rewards[a] = team_reward
-            self.terminations[a] = not truncated
-            self.truncations[a] = truncated
             self.infos[a] = {
                 "turn": 0,
                 "team_reward": team_reward,
@@ -527,7 +478,7 @@ class WorkflowEnv(AECEnv):
                 "problem_id": self.problem.id if self.problem else None,
                 "error": self._error,
             }
-        self._deads_step_first()
+        self._end_episode(truncated=truncated)
 
     def _start(self) -> None:
         """A fresh coroutine of the program on ``self.problem``, run to its first call."""
@@ -535,12 +486,7 @@ class WorkflowEnv(AECEnv):
         self._pending = None
         self._last_grade = None
         self._flags, self._step_flags, self._error = [], [], None
-        self.agents = list(self.possible_agents)
-        self.rewards = dict.fromkeys(self.agents, 0.0)
-        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
-        self.terminations = dict.fromkeys(self.agents, False)
-        self.truncations = dict.fromkeys(self.agents, False)
-        self.infos = {a: {"turn": 0, "flags": []} for a in self.agents}
+        self._start_episode()
         self.agent_selection = self.agents[0]
         try:
             self._coro = self.program(self.team, self.problem)
@@ -558,27 +504,21 @@ class WorkflowEnv(AECEnv):
         program to its first call."""
         if self._coro is not None:
             self._coro.close()
-        if seed is not None:
-            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        self._seed(seed)
         options = dict(options or {})
         if "problem_index" in options:
-            k = options["problem_index"]
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < len(self.task):
-                raise ValueError(f"problem_index must be an int in [0, {len(self.task)}), got {k!r}")
-            self.problem = self.task.get(int(k))
+            self.problem = self.task.get(check_problem_index(options["problem_index"], len(self.task)))
         else:
             self.problem = self.task.sample(self.np_random)
         self.stats["episodes"] += 1
         self._rng_state = copy.deepcopy(self.np_random.bit_generator.state)
         self._start()
-        self._accumulate_rewards()
-        if self.render_mode == "human":
-            self.render()
+        self._end_step()
 
     # ------------------------------------------------------------------ views
-    def _require_reset(self, call: str) -> None:
-        if self.problem is None:
-            raise ResetNeededError(f"call reset() before {call}")
+    def _is_reset(self) -> bool:
+        """Whether ``reset()`` drew a problem."""
+        return self.problem is not None
 
     def _call_for(self, agent: str) -> WorkflowCall | None:
         if self._pending is not None and self._pending.role == agent:
@@ -608,23 +548,10 @@ class WorkflowEnv(AECEnv):
         prompt = "\n\n".join(f"[{m['role']}]: {m['content']}" for m in msgs)
         return {"prompt": prompt[: self._max_prompt], "turn": 0}
 
-    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        """PettingZoo's ``last()``, with a clear error before ``reset()``."""
-        self._require_reset("last()")
-        return super().last(observe)
-
     # ------------------------------------------------------------------- step
-    def step(self, action: Any) -> None:
-        """Answer the pending call of the selected role with ``action`` and run the
-        program to its next call (or its end)."""
-        self._require_reset("step()")
-        agent = self.agent_selection
-        if self.terminations[agent] or self.truncations[agent]:
-            self._was_dead_step(action)
-            return
-        text, flags = sanitize_action(action, self.max_action_chars)
-        self._cumulative_rewards[agent] = 0.0
-        self._clear_rewards()
+    def _act(self, agent: str, text: str, flags: list[str]) -> None:
+        """Answer the pending call of ``agent`` with ``text`` and run the program to its
+        next call (or its end)."""
         self._step_flags = list(flags)
         assert self._pending is not None and self._pending.role == agent
         self._pending.response = text
@@ -636,9 +563,6 @@ class WorkflowEnv(AECEnv):
             self.infos[agent] = {"turn": 0, "flags": list(self._step_flags), "call": index}
         elif agent in self.infos:
             self.infos[agent]["call"] = index
-        self._accumulate_rewards()
-        if self.render_mode == "human":
-            self.render()
 
     # ------------------------------------------------------------- pickling
     def __getstate__(self) -> dict[str, Any]:
@@ -677,20 +601,13 @@ class WorkflowEnv(AECEnv):
         self.np_random.bit_generator.state = rng_state
 
     # ----------------------------------------------------------------- render
-    def render(self) -> str | None:
-        """Print (``human``) or return (``ansi``) the calls so far."""
-        if self.render_mode is None:
-            gymnasium.logger.warn("render() called without a render_mode; use render_mode='human' or 'ansi'.")
-            return None
-        lines = [f"== {self.problem.id} ==" if self.problem else "(not reset)"]
+    def _render_text(self) -> str:
+        """The problem and the calls so far (each call's last message and its reply)."""
+        lines = [f"== {self.problem.id} =="]  # type: ignore[union-attr]
         for c in self.calls:
             lines.append(f"[{c.role}] <- {c.messages[-1]['content'][:200]!r}")
             lines.append(f"[{c.role}] -> {c.response!r:.200}")
-        text = "\n".join(lines)
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
+        return "\n".join(lines)
 
     def close(self) -> None:
         """Close a suspended program."""

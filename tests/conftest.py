@@ -11,6 +11,8 @@ import pytest
 # puts tests/ on sys.path for this conftest, so the package imports as ``helpers``.
 from helpers.fast_path import assert_fast_path_exact as _assert_fast_path_exact
 
+from marft_envs.sandbox import LEVELS, available_levels
+
 _DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -35,3 +37,12 @@ def _in_ci() -> bool:
 def assert_fast_path_exact():
     """:func:`helpers.fast_path.assert_fast_path_exact`: a decode fast path changes nothing sampled."""
     return _assert_fast_path_exact
+
+
+@pytest.fixture(params=LEVELS)
+def level(request: pytest.FixtureRequest) -> str:
+    """Each sandbox isolation level in turn; a level this machine refuses is skipped."""
+    reason = available_levels()[request.param]
+    if reason is not None:
+        pytest.skip(f"isolation level {request.param!r} refused here: {reason}")
+    return request.param

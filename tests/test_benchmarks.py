@@ -36,6 +36,13 @@ def lb() -> ModuleType:
     return marft_algos.evaluation
 
 
+def _run(name: str, out: Path, *args: str) -> ModuleType:
+    """Benchmark ``name`` run on the tiny model with ``args`` and ``--out out``; it must exit 0."""
+    module = _load(name)
+    assert module.main(["--model", "tiny-random", *args, "--out", str(out)]) == 0
+    return module
+
+
 def _csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     with path.open() as f:
         r = csv.DictReader(f)
@@ -231,10 +238,9 @@ def test_memory_probe_child_does_not_inherit_parent_peak() -> None:
 
 
 def test_throughput_bandwidth_section(tmp_path: Path) -> None:
-    tp = _load("throughput")
     out = tmp_path / "tp"
-    assert tp.main(["--model", "tiny-random", "--sections", "bandwidth", "--bandwidth-mb", "32", "--decode-batches", "1,2",
-                    "--decode-tokens", "4", "--decode-reps", "1", "--out", str(out)]) == 0
+    tp = _run("throughput", out, "--sections", "bandwidth", "--bandwidth-mb", "32", "--decode-batches", "1,2",
+              "--decode-tokens", "4", "--decode-reps", "1")
     cols, rows = _csv(out / "bandwidth.csv")
     assert cols == tp.BANDWIDTH_COLUMNS and [r["batch"] for r in rows] == ["1", "2"]
     assert all(float(r["bound_tok_s"]) > 0 for r in rows)
@@ -245,10 +251,9 @@ def test_throughput_bandwidth_section(tmp_path: Path) -> None:
 
 
 def test_throughput_memory_modes_section(tmp_path: Path) -> None:
-    tp = _load("throughput")
     out = tmp_path / "tp"
-    assert tp.main(["--model", "tiny-random", "--sections", "memory", "--scaling", "1,2", "--scaling-episodes", "2",
-                    "--scaling-tokens", "2", "--memory-modes", "default,low", "--memory-steps", "1", "--out", str(out)]) == 0
+    tp = _run("throughput", out, "--sections", "memory", "--scaling", "1,2", "--scaling-episodes", "2",
+              "--scaling-tokens", "2", "--memory-modes", "default,low", "--memory-steps", "1")
     cols, rows = _csv(out / "memory_modes.csv")
     assert cols == tp.MEMORY_COLUMNS
     assert [(r["agents"], r["mode"]) for r in rows] == [("1", "default"), ("1", "low"), ("2", "default"), ("2", "low")]
@@ -258,10 +263,9 @@ def test_throughput_memory_modes_section(tmp_path: Path) -> None:
 
 
 def test_algo_steps_interleaved(tmp_path: Path) -> None:
-    ast_ = _load("algo_steps")
     out = tmp_path / "as"
-    assert ast_.main(["--model", "tiny-random", "--reps", "1", "--num-envs", "4", "--group-size", "2",
-                      "--max-new-tokens", "2", "--set", "recovery=false", "--out", str(out)]) == 0
+    ast_ = _run("algo_steps", out, "--reps", "1", "--num-envs", "4", "--group-size", "2", "--max-new-tokens",
+                "2", "--set", "recovery=false")
     cols, rows = _csv(out / "algo_steps.csv")
     assert cols == ast_.STEP_COLUMNS
     algos = ["grpo", "ippo", "marft-action", "marft-token"]
@@ -279,11 +283,10 @@ def test_algo_steps_interleaved(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_throughput_end_to_end(tmp_path: Path) -> None:
     pytest.importorskip("trl")
-    tp = _load("throughput")
     out = tmp_path / "tp"
-    assert tp.main(["--model", "tiny-random", "--reps", "1", "--group-size", "2", "--gen-tokens", "4", "--scaling", "1,2",
-                    "--scaling-episodes", "2", "--scaling-tokens", "2", "--scaling-reps", "1", "--bandwidth-mb", "32",
-                    "--decode-batches", "1", "--decode-tokens", "4", "--decode-reps", "1", "--out", str(out)]) == 0
+    tp = _run("throughput", out, "--reps", "1", "--group-size", "2", "--gen-tokens", "4", "--scaling", "1,2",
+              "--scaling-episodes", "2", "--scaling-tokens", "2", "--scaling-reps", "1", "--bandwidth-mb", "32",
+              "--decode-batches", "1", "--decode-tokens", "4", "--decode-reps", "1")
     cols, rows = _csv(out / "grpo_vs_trl.csv")
     assert cols == tp.GRPO_COLUMNS
     assert {r["system"] for r in rows} == {"TRL GRPOTrainer solo", "marft GRPO solo", "marft GRPO duo"}
@@ -296,10 +299,9 @@ def test_throughput_end_to_end(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_headline_end_to_end(tmp_path: Path) -> None:
-    hl = _load("headline")
     out = tmp_path / "h"
-    assert hl.main(["--model", "tiny-random", "--steps", "1", "--eval-every", "1", "--eval-n", "2", "--curve-n", "2",
-                    "--max-new-tokens", "4", "--set", "num_envs=4", "--algos", "grpo,no-such-algo", "--out", str(out)]) == 0
+    hl = _run("headline", out, "--steps", "1", "--eval-every", "1", "--eval-n", "2", "--curve-n", "2",
+              "--max-new-tokens", "4", "--set", "num_envs=4", "--algos", "grpo,no-such-algo")
     cols, rows = _csv(out / "headline.csv")
     assert cols == hl.HEADLINE_COLUMNS
     systems = [r["system"] for r in rows]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.policies import perturbed_policy
 
 from marft_algos.engines import (
     EngineNotFound,
@@ -27,19 +28,9 @@ ROLES = ["planner", "solver"]
 PACKAGE = Path(__file__).resolve().parents[1] / "marft_algos"
 
 
-def _perturb(policy: TeamPolicy, scale: float = 0.1, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for role in policy.roles:
-            for p in policy.trainable_parameters(role):
-                p.add_(torch.randn(p.shape, generator=g) * scale)
-
-
 @pytest.fixture(scope="module")
 def policy() -> TeamPolicy:
-    pol = TeamPolicy(ROLES, base="tiny-random", max_context=256)
-    _perturb(pol)
-    return pol
+    return perturbed_policy(ROLES)
 
 
 def _prompt(policy: TeamPolicy, role: str, text: str) -> list[int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
+from helpers.fuzz import fuzz_steps
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,15 +60,7 @@ def _play(env, seed: int, episode: list) -> None:
     """One episode of ``episode``'s actions: observations stay in their spaces, rewards
     finite, every step returns promptly and flags bad actions."""
     env.reset(seed=seed)
-    moves = iter(episode)
-    for agent in env.agent_iter(50):
-        obs, reward, term, trunc, info = env.last()
-        assert env.observation_space(agent).contains(obs)
-        assert np.isfinite(reward)
-        action = None if term or trunc else next(moves, "")
-        start = time.monotonic()
-        env.step(action)
-        assert time.monotonic() - start < 20.0, "a step hung"
+    for agent, action in fuzz_steps(env, episode, 50):
         if action is not None and agent in env.infos:
             assert isinstance(env.infos[agent]["flags"], list)
             last_text = env.executed[-1][1] if env.executed else env.history[-1][-1][1]

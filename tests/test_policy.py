@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from helpers.policies import perturb, perturbed_policy
 
 from marft_algos.models import (
     GenRequest,
@@ -20,20 +21,9 @@ ROLES = ["planner", "solver", "critic_agent"]
 GREEDY = SamplingParams(greedy=True, max_new_tokens=12)
 
 
-def _perturb(policy: TeamPolicy, scale: float = 0.1, seed: int = 0) -> None:
-    """LoRA B starts at zero (adapter == base): make each adapter distinct."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for role in policy.roles:
-            for p in policy.trainable_parameters(role):
-                p.add_(torch.randn(p.shape, generator=g) * scale)
-
-
 @pytest.fixture(scope="module")
 def policy() -> TeamPolicy:
-    pol = TeamPolicy(ROLES, base="tiny-random", max_context=256)
-    _perturb(pol)
-    return pol
+    return perturbed_policy(ROLES)
 
 
 def _prompt(policy: TeamPolicy, role: str, text: str) -> list[int]:
@@ -239,7 +229,7 @@ def test_logprobs_are_computed_without_dropout_unless_asked():
     # the sampler never applies dropout: training log-probs must not either, or the PPO
     # ratio of an unmoved policy would be dropout noise instead of 1
     pol = TeamPolicy(["a"], base="tiny-random", lora=LoraSettings(dropout=0.5))
-    _perturb(pol, scale=0.3)
+    perturb(pol, scale=0.3)
     p, r = [[257, 10, 65, 66]], [[67, 68, 69, 70]]
     with_grad = pol.sequence_logprobs("a", p, r).logprobs
     assert with_grad.requires_grad
@@ -328,7 +318,7 @@ def test_bad_arguments_are_rejected():
 
 def test_save_load_round_trip_is_trainable(tmp_path):
     pol = TeamPolicy(["a", "b"], base="tiny-random", lora=LoraSettings(r=4, alpha=8))
-    _perturb(pol, seed=3)
+    perturb(pol, seed=3)
     pol.set_train_role("a")  # a frozen 'b' must not stay frozen after load
     pol.save(tmp_path / "ckpt")
     adir = tmp_path / "ckpt" / "adapters" / "b"
@@ -360,7 +350,7 @@ def test_save_load_round_trip_is_trainable(tmp_path):
 
 def test_adapter_state_dict_round_trip_and_mismatch():
     pol = TeamPolicy(["a", "b"], base="tiny-random")
-    _perturb(pol)
+    perturb(pol)
     sd = pol.adapter_state_dict("a")
     pol.load_adapter_state_dict("b", sd)
     for k, v in pol.adapter_state_dict("b").items():

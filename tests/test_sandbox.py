@@ -24,14 +24,6 @@ from marft_envs.sandbox import core as sandbox_core
 ADD = "def add(a, b):\n    return a + b\n"
 
 
-@pytest.fixture(params=LEVELS)
-def level(request: pytest.FixtureRequest) -> str:
-    reason = available_levels()[request.param]
-    if reason is not None:
-        pytest.skip(f"isolation level {request.param!r} refused here: {reason}")
-    return request.param
-
-
 def test_isolation_level_reported() -> None:
     lvl = isolation_level()
     avail = available_levels()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from marft_envs.sandbox import LEVELS, available_levels, run_tests
+from marft_envs.sandbox import available_levels, run_tests
 from marft_envs.sandbox import core as sandbox_core
 
 TIMEOUT = 1.5  # seconds per hostile run
@@ -45,14 +45,6 @@ def _leftovers(workdir: str | None) -> list[int]:
         except OSError:
             continue
     return found
-
-
-@pytest.fixture(params=LEVELS)
-def level(request: pytest.FixtureRequest) -> str:
-    reason = available_levels()[request.param]
-    if reason is not None:
-        pytest.skip(f"isolation level {request.param!r} refused here: {reason}")
-    return request.param
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from helpers.restricted import restricted_model
+from helpers.scripted import CharPolicy
 
 import marft_envs
 from marft_envs.tasks.base import Problem
@@ -28,22 +29,15 @@ PROBLEMS = [Problem(f"toy/{k}", q, a) for k, (q, a) in enumerate([("What is 0 + 
 
 
 def two_token_policy(roles):
-    from marft_algos.models import TeamPolicy, build_tiny_model
+    from marft_algos.models import TeamPolicy
 
-    model, tok = build_tiny_model(seed=0)
-    head = model.lm_head
-    biased = nn.Linear(head.in_features, head.out_features, bias=True)
+    model, tok = restricted_model(ALLOWED)
     with torch.no_grad():
-        biased.weight.copy_(head.weight)
-        biased.bias.fill_(-30.0)
-        for c in ALLOWED:
-            biased.bias[tok.convert_tokens_to_ids(c)] = 0.0
         # Bring the two rows close, so that both replies are likely in every context (a
         # group whose samples all agree cancels its own gradient) but still learnable.
         one, two = (tok.convert_tokens_to_ids(c) for c in ALLOWED)
-        biased.weight[two] = biased.weight[one] + 0.05 * (head.weight[two] - head.weight[one])
-    biased.requires_grad_(False)
-    model.lm_head = biased
+        weight = model.lm_head.weight
+        weight[two] = weight[one] + 0.05 * (weight[two] - weight[one])
     return TeamPolicy(list(roles), base=(model, tok))
 
 
@@ -77,21 +71,13 @@ def test_grpo_trains_every_role_of_the_malt_team():
     assert 0.0 < max(h["team/reward"] for h in history) < 1.0
 
 
-class Scripted:
-    """Char-level ids, no model: the solver says 1, the checker repeats the problem's answer."""
+class Scripted(CharPolicy):
+    """The solver says 1, the checker repeats the problem's answer."""
 
-    def encode(self, role, messages):
-        return [ord(c) for c in "\n".join(f"<{m['role']}>{m['content']}" for m in messages)]
-
-    def generate(self, requests):
-        from marft_algos.models import GenResult
-
-        out = []
-        for r in requests:
-            prompt = "".join(chr(i) for i in r.prompt_ids)
-            text = "1" if r.role == "solver" else ("2" if "1 + 1" in prompt or "4 - 2" in prompt else "1")
-            out += [GenResult(token_ids=[ord(text)], text=text, logprobs=[-0.5], finish_reason="length")] * r.n
-        return out
+    def say(self, role, prompt):
+        if role == "solver":
+            return "1"
+        return "2" if "1 + 1" in prompt or "4 - 2" in prompt else "1"
 
 
 def test_the_collector_sees_each_call_as_a_transition_with_its_exact_messages():

@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+from helpers.scripted import CharPolicy
 
 import marft_envs
 from marft_algos.rollout import RolloutCollector
@@ -15,21 +16,10 @@ from marft_algos.rollout import RolloutCollector
 models = pytest.importorskip("marft_algos.models")
 
 
-class ScriptedPolicy:
-    """Char-level ids, no model: the actor calls the calculator, then answers with its result."""
+class ScriptedPolicy(CharPolicy):
+    """The actor calls the calculator, then answers with its result."""
 
-    def encode(self, role, messages):
-        return [ord(c) for c in "\n".join(f"<{m['role']}>{m['content']}" for m in messages)]
-
-    def generate(self, requests):
-        out = []
-        for r in requests:
-            prompt = "".join(chr(i) for i in r.prompt_ids)
-            for _ in range(r.n):
-                text = self.say(r.role, prompt)
-                ids = [ord(c) for c in text] + [0]
-                out.append(models.GenResult(token_ids=ids, text=text, logprobs=[-0.5] * len(ids), finish_reason="eos"))
-        return out
+    eos = True
 
     @staticmethod
     def say(role, prompt):

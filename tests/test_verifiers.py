@@ -27,9 +27,9 @@ MARGIN = float(os.environ.get("MARFT_TIMING_MARGIN", "2.0"))
 # ---------------------------------------------------------------- extraction
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
+# One-string extractors and normalisers: {name in verifiers: [(text, expected), ...]}.
+ONE_STRING_CASES = {
+    "extract_boxed": [
         (r"so $\boxed{5}$.", "5"),
         (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
         (r"first \boxed{1} then \boxed{2}", "2"),
@@ -43,14 +43,7 @@ MARGIN = float(os.environ.get("MARFT_TIMING_MARGIN", "2.0"))
         (r"\boxedfoo{3}", None),
         ("", None),
     ],
-)
-def test_extract_boxed(text: str, expected: str | None) -> None:
-    assert V.extract_boxed(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
+    "extract_last_number": [
         ("There are 3 apples and 12 pears.", "12"),
         ("It costs $1,234.50.", "1,234.50"),
         ("The result is -7.", "-7"),
@@ -60,28 +53,14 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
         ("答案是18。", "18"),
         ("a total of 1,000,000 people", "1,000,000"),
     ],
-)
-def test_extract_last_number(text: str, expected: str | None) -> None:
-    assert V.extract_last_number(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("field", "expected"),
-    [
+    "extract_gsm8k_gold": [
         ("She makes 9 * 2 = $<<9*2=18>>18.\n#### 18", "18"),
         ("...\n#### 1,600", "1600"),
         ("...\n#### -10", "-10"),
         ("...\n#### 3.50", "3.5"),
         ("no hashes, answer 42", "42"),
     ],
-)
-def test_extract_gsm8k_gold(field: str, expected: str) -> None:
-    assert V.extract_gsm8k_gold(field) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
+    "extract_math_answer": [
         (r"Thus $x=\boxed{\dfrac{3}{4}}$.", r"\dfrac{3}{4}"),
         ("The final answer is $\\frac{1}{2}$.", r"\frac{1}{2}"),
         ("Answer: 42\nmore text", "42"),
@@ -89,28 +68,7 @@ def test_extract_gsm8k_gold(field: str, expected: str) -> None:
         ("The answer is 3.5.", "3.5"),
         ("I don't know.", None),
     ],
-)
-def test_extract_math_answer(text: str, expected: str | None) -> None:
-    assert V.extract_math_answer(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "expected", "method"),
-    [
-        (r"... so \boxed{18} dollars. Later 20", "18", "boxed"),
-        ("work 3+4=7\n#### 1,600", "1,600", "hashes"),
-        ("So the answer is $18.00. Extra 99", "18.00", "answer_is"),
-        ("3 + 4 = 7 then 7 * 2 = 14.", "14", "last_number"),
-        ("nothing", None, "none"),
-    ],
-)
-def test_extract_gsm8k_answer(text: str, expected: str | None, method: str) -> None:
-    assert V.extract_gsm8k_answer(text) == (expected, method)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
+    "normalize_number": [
         ("$1,000.00", "1000"),
         ("-.50", "-0.5"),
         ("18.", "18"),
@@ -126,9 +84,29 @@ def test_extract_gsm8k_answer(text: str, expected: str | None, method: str) -> N
         ("1e999999999", None),
         ("", None),
     ],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [(name, text, expected) for name, cases in ONE_STRING_CASES.items() for text, expected in cases],
 )
-def test_normalize_number(text: str, expected: str | None) -> None:
-    assert V.normalize_number(text) == expected
+def test_one_string_extraction(name: str, text: str, expected: str | None) -> None:
+    assert getattr(V, name)(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "method"),
+    [
+        (r"... so \boxed{18} dollars. Later 20", "18", "boxed"),
+        ("work 3+4=7\n#### 1,600", "1,600", "hashes"),
+        ("So the answer is $18.00. Extra 99", "18.00", "answer_is"),
+        ("3 + 4 = 7 then 7 * 2 = 14.", "14", "last_number"),
+        ("nothing", None, "none"),
+    ],
+)
+def test_extract_gsm8k_answer(text: str, expected: str | None, method: str) -> None:
+    assert V.extract_gsm8k_answer(text) == (expected, method)
 
 
 def test_truncate_response_keeps_the_tail() -> None:

@@ -300,3 +300,14 @@ def test_the_langgraph_example_stops_revising_after_two_tries(langgraph_example)
         env.step(None if term or trunc else "no")
     assert order[:7] == ["planner", "solver", "critic", "solver", "critic", "solver", "critic"]
     assert len(order) == 7 + 3  # then the three roles' dead steps
+
+
+def test_calls_before_reset_raise_like_the_other_envs():
+    """The shared AEC base: ``agent_iter``/``last``/``step`` before ``reset`` raise a clear
+    error (``agent_iter`` used to yield nothing here, silently)."""
+    from marft_envs.text_env import ResetNeededError
+
+    env = marft_envs.make("workflow-example-v0")
+    for call in (env.agent_iter, env.last, lambda: env.step("x")):
+        with pytest.raises(ResetNeededError, match="call reset"):
+            call()

@@ -27,14 +27,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import gymnasium
 import numpy as np
-from gymnasium.utils import seeding
-from pettingzoo import AECEnv
 
+from marft_envs.aec import TextAECEnv, check_problem_index
 from marft_envs.profiles import Team
-from marft_envs.spaces import UnicodeText, action_space, observation_space
-from marft_envs.text_env import ResetNeededError, sanitize_action
 
 __all__ = [
     "GAME_SPLITS",
@@ -67,7 +63,7 @@ def last_tagged(text: str, tag: str, value: str = r"[^\n]*") -> str | None:
     return found
 
 
-class TextGameEnv(AECEnv):
+class TextGameEnv(TextAECEnv):
     """Base class of the text games (see the module docstring); subclasses define the game."""
 
     metadata = {"name": "text_game_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
@@ -90,8 +86,7 @@ class TextGameEnv(AECEnv):
             raise ValueError(f"split must be one of {GAME_SPLITS}, got {split!r}")
         if not (isinstance(max_action_chars, (int, np.integer)) and max_action_chars >= 1):
             raise ValueError(f"max_action_chars must be an integer >= 1, got {max_action_chars!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self._check_render_mode(render_mode)
         self.team: Team = Team.load(profiles if profiles is not None else self.default_profiles)
         if tuple(self.team.agents) != tuple(self.game_agents):
             raise ValueError(
@@ -102,35 +97,13 @@ class TextGameEnv(AECEnv):
         self.horizon = int(horizon)
         self.max_action_chars = int(max_action_chars)
         self.render_mode = render_mode
-        self.possible_agents = list(self.game_agents)
-        self._max_prompt = 65_536 + (self.horizon + 1) * (self.max_action_chars + 256)
-        self._observation_spaces = {a: observation_space(self._max_prompt, self.horizon) for a in self.possible_agents}
-        self._action_spaces = {a: action_space(self.max_action_chars) for a in self.possible_agents}
-        self._np_random: np.random.Generator | None = None
-        self._np_random_seed: int | None = None
-        self.agents: list[str] = []
+        self._init_spaces(self.game_agents, 65_536 + (self.horizon + 1) * (self.max_action_chars + 256), self.horizon)
         self.turn = 0
         self.problem_index: int | None = None
         self.moves: list[tuple[str, str]] = []
         self.payoffs: dict[str, float] = {}
         self.game_over = False
         self.stats: dict[str, int] = {"episodes": 0, "bad_actions": 0, "invalid_moves": 0, "forfeits": 0}
-
-    # ---------------------------------------------------------------- spaces
-    def observation_space(self, agent: str) -> gymnasium.spaces.Dict:
-        """``Dict(prompt=UnicodeText, turn=Discrete(horizon + 1))``, the same object on every call."""
-        return self._observation_spaces[agent]
-
-    def action_space(self, agent: str) -> UnicodeText:
-        """``UnicodeText(max_action_chars)``, the same object on every call."""
-        return self._action_spaces[agent]
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        """The env's generator; seeded by ``reset(seed=...)``, else from OS entropy on first use."""
-        if self._np_random is None:
-            self._np_random, self._np_random_seed = seeding.np_random()
-        return self._np_random
 
     @property
     def num_problems(self) -> int:
@@ -173,21 +146,13 @@ class TextGameEnv(AECEnv):
     # ---------------------------------------------------------------- reset
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Start a game: ``seed`` seeds the env; ``options={"problem_index": k}`` picks start position k."""
-        if seed is not None:
-            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        self._seed(seed)
         options = dict(options or {})
         k = options.get("problem_index")
         if k is None:
             k = int(self.np_random.integers(_NUM_PROBLEMS))
-        elif isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < _NUM_PROBLEMS:
-            raise ValueError(f"problem_index must be an int in [0, {_NUM_PROBLEMS}), got {k!r}")
-        self.problem_index = int(k)
-        self.agents = list(self.possible_agents)
-        self.rewards = dict.fromkeys(self.agents, 0.0)
-        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
-        self.terminations = dict.fromkeys(self.agents, False)
-        self.truncations = dict.fromkeys(self.agents, False)
-        self.infos = {a: {"turn": 0, "flags": []} for a in self.agents}
+        self.problem_index = check_problem_index(k, _NUM_PROBLEMS)
+        self._start_episode()
         self.turn = 0
         self.moves = []
         self.payoffs = dict.fromkeys(self.agents, 0.0)
@@ -200,9 +165,9 @@ class TextGameEnv(AECEnv):
             self.render()
 
     # ---------------------------------------------------------------- views
-    def _require_reset(self, call: str) -> None:
-        if self.problem_index is None:
-            raise ResetNeededError(f"call reset() before {call}")
+    def _is_reset(self) -> bool:
+        """Whether ``reset()`` set up a start position."""
+        return self.problem_index is not None
 
     def _view(self, agent: str) -> tuple[str, str]:
         self._require_reset("observe()")
@@ -216,32 +181,13 @@ class TextGameEnv(AECEnv):
 
     def messages(self, agent: str) -> list[dict[str, str]]:
         """The observation as chat messages (system = the seat's profile prompt)."""
-        system, user = self._view(agent)
-        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-
-    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        """PettingZoo's ``last()``, with a clear error before ``reset()``."""
-        self._require_reset("last()")
-        return super().last(observe)
-
-    def agent_iter(self, max_iter: int = 2**63) -> Any:
-        """PettingZoo's ``agent_iter()``; before ``reset()`` it would silently yield nothing."""
-        self._require_reset("agent_iter()")
-        return super().agent_iter(max_iter)
+        return self._chat(*self._view(agent))
 
     # ----------------------------------------------------------------- step
-    def step(self, action: Any) -> None:
-        """Apply the selected agent's move; bad text is sanitised, flagged and never raises."""
-        self._require_reset("step()")
-        agent = self.agent_selection
-        if self.terminations[agent] or self.truncations[agent]:
-            self._was_dead_step(action)
-            return
-        text, flags = sanitize_action(action, self.max_action_chars)
+    def _act(self, agent: str, text: str, flags: list[str]) -> None:
+        """Apply ``agent``'s move (:meth:`_play`); an invalid move is flagged and counted."""
         if flags:
             self.stats["bad_actions"] += 1
-        self._cumulative_rewards[agent] = 0.0
-        self._clear_rewards()
         extras = self._play(agent, text, flags)
         if "invalid_move" in flags:
             self.stats["invalid_moves"] += 1
@@ -251,9 +197,6 @@ class TextGameEnv(AECEnv):
         else:
             self.infos[agent]["flags"] = list(dict.fromkeys(flags + self.infos[agent]["flags"]))
             self.infos[agent].update(extras)
-        self._accumulate_rewards()
-        if self.render_mode == "human":
-            self.render()
 
     def _give(self, rewards: Mapping[str, float]) -> None:
         """Hand out rewards in this step (added to each agent's game payoff)."""
@@ -283,31 +226,16 @@ class TextGameEnv(AECEnv):
                 "moves": [list(m) for m in self.moves],
                 "problem_index": self.problem_index,
             }
-            self.terminations[a] = not truncated
-            self.truncations[a] = truncated
-        self._deads_step_first()
+        self._end_episode(truncated=truncated)
 
     # --------------------------------------------------------------- render
-    def render(self) -> str | None:
-        """Print (``human``) or return (``ansi``) the game so far."""
-        if self.render_mode is None:
-            gymnasium.logger.warn("render() called without a render_mode; use render_mode='human' or 'ansi'.")
-            return None
-        if self.problem_index is None:
-            text = "(not reset)"
-        else:
-            lines = [self.state_text(self.possible_agents[0])]
-            lines += [f"[{a}]: {m}" for a, m in self.moves]
-            if self.agents:
-                lines.append(f"(next: {self.agent_selection})")
-            text = "\n".join(lines)
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
-
-    def close(self) -> None:
-        """Nothing to release."""
+    def _render_text(self) -> str:
+        """The state as the first seat sees it, the moves so far and who moves next."""
+        lines = [self.state_text(self.possible_agents[0])]
+        lines += [f"[{a}]: {m}" for a, m in self.moves]
+        if self.agents:
+            lines.append(f"(next: {self.agent_selection})")
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(split={self.split!r})"

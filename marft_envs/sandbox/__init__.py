@@ -109,32 +109,6 @@ mutation of an argument, or passes a callable/an instance of a program-defined
 class, does not work (no HumanEval test does; all 164 canonical solutions pass).
 """
 
-from marft_envs.sandbox.core import (
-    LEVELS,
-    ProgramResult,
-    SandboxResult,
-    SandboxUnavailable,
-    TestJob,
-    TestResult,
-    available_levels,
-    describe_isolation,
-    isolation_level,
-    run_many,
-    run_program,
-    run_tests,
-)
-
-__all__ = [
-    "LEVELS",
-    "ProgramResult",
-    "SandboxResult",
-    "SandboxUnavailable",
-    "TestJob",
-    "TestResult",
-    "available_levels",
-    "describe_isolation",
-    "isolation_level",
-    "run_many",
-    "run_program",
-    "run_tests",
-]
+# The package's public API is core's, listed once there.
+from marft_envs.sandbox.core import *  # noqa: F403
+from marft_envs.sandbox.core import __all__ as __all__

@@ -17,6 +17,8 @@ on other tasks it answers with an error message.
 
 from __future__ import annotations
 
+from typing import Any
+
 from marft_envs.tools.base import Tool, ToolContext, ToolError, ToolTimeoutError, register_tool
 from marft_envs.tools.calculator import CalculatorError, calculate
 
@@ -57,32 +59,34 @@ def _search(context: ToolContext, query: str, k: int = 3) -> str:
     return "\n".join(f"[{d.id}] {d.title}: {d.text}" for d in docs)
 
 
+def _arguments(properties: dict[str, dict[str, Any]], required: list[str]) -> dict[str, Any]:
+    """The JSON schema of a tool's arguments: an object of ``properties``, no others allowed."""
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+def _text_tool(name: str, description: str, argument: tuple[str, int, str], **kwargs: Any) -> Tool:
+    """A tool of one required string ``argument`` = ``(name, max length, description)``."""
+    arg, max_length, arg_description = argument
+    schema = {arg: {"type": "string", "maxLength": max_length, "description": arg_description}}
+    return Tool(name=name, description=description, parameters=_arguments(schema, [arg]), **kwargs)
+
+
 def calculator_tool() -> Tool:
     """The ``calculator`` tool (see :mod:`marft_envs.tools.calculator`)."""
-    return Tool(
-        name="calculator",
-        description="Evaluate an arithmetic expression exactly, e.g. '(47 - 18) * 3' or 'sqrt(2) / 4'.",
-        parameters={
-            "type": "object",
-            "properties": {"expression": {"type": "string", "maxLength": 500, "description": "the expression"}},
-            "required": ["expression"],
-            "additionalProperties": False,
-        },
+    return _text_tool(
+        "calculator",
+        "Evaluate an arithmetic expression exactly, e.g. '(47 - 18) * 3' or 'sqrt(2) / 4'.",
+        ("expression", 500, "the expression"),
         fn=_calculator,
     )
 
 
 def python_tool() -> Tool:
     """The ``python`` tool: runs a program in the code sandbox and returns what it prints."""
-    return Tool(
-        name="python",
-        description="Run a short Python program in a sandbox (no network, no files kept) and return what it prints.",
-        parameters={
-            "type": "object",
-            "properties": {"code": {"type": "string", "maxLength": 8000, "description": "a complete Python program"}},
-            "required": ["code"],
-            "additionalProperties": False,
-        },
+    return _text_tool(
+        "python",
+        "Run a short Python program in a sandbox (no network, no files kept) and return what it prints.",
+        ("code", 8000, "a complete Python program"),
         fn=_python,
         # the sandbox kills the program at PYTHON_TIMEOUT; the margin covers process start-up
         timeout=PYTHON_TIMEOUT + 25.0,
@@ -94,15 +98,13 @@ def search_tool() -> Tool:
     return Tool(
         name="search",
         description="Search the document collection; returns the best-matching documents as '[id] title: text'.",
-        parameters={
-            "type": "object",
-            "properties": {
+        parameters=_arguments(
+            {
                 "query": {"type": "string", "minLength": 1, "maxLength": 500, "description": "what to look for"},
                 "k": {"type": "integer", "minimum": 1, "maximum": 10, "description": "how many documents (default 3)"},
             },
-            "required": ["query"],
-            "additionalProperties": False,
-        },
+            ["query"],
+        ),
         fn=_search,
         pass_context=True,
     )

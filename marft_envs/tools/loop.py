@@ -24,11 +24,11 @@ the same two agents more than twice, counted over the episode's hand-offs).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from marft_envs.configs import check_weights, config_from_any
 from marft_envs.rewards import approx_tokens
 from marft_envs.tools.base import Tool, ToolContext, ToolOutcome, resolve_tools, run_tool
 from marft_envs.tools.parsers import get_parser
@@ -76,28 +76,12 @@ class ToolRewardConfig:
     tool_selection: float = field(default=0.0, metadata={"help": "weight of tool selection accuracy"})
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"tool reward weight {f.name!r} must be a finite number, got {value!r}")
-            if f.name.startswith("cost") and value < 0:
-                raise ValueError(f"{f.name} is a cost: give it as a non-negative number (it is subtracted), got {value}")
-            object.__setattr__(self, f.name, float(value))
+        check_weights(self, "tool reward")
 
     @classmethod
     def from_any(cls, value: ToolRewardConfig | Mapping[str, Any] | None) -> ToolRewardConfig:
         """A config, a dict of weights (unknown keys rejected) or ``None`` (all zero)."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, Mapping):
-            raise TypeError(f"tool reward must be a dict of weights, got {type(value).__name__}")
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(value) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown tool reward keys {unknown}; valid keys: {valid}")
-        return cls(**value)
+        return config_from_any(cls, value, name="tool reward", expected="a dict of weights")
 
     def components(self, stats: Mapping[str, float]) -> dict[str, float]:
         """The components for one turn's ``stats`` (calls, errors, steps, tool_tokens, loops, accuracy)."""
@@ -158,17 +142,7 @@ class ToolConfig:
     @classmethod
     def from_any(cls, value: ToolConfig | Mapping[str, Any] | None) -> ToolConfig:
         """A config, a dict (unknown keys rejected) or ``None`` (defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, Mapping):
-            raise TypeError(f"tool_config must be a dict or a ToolConfig, got {type(value).__name__}")
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(value) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown tool_config keys {unknown}; valid keys: {valid}")
-        return cls(**value)
+        return config_from_any(cls, value, name="tool_config", expected="a dict or a ToolConfig")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form."""

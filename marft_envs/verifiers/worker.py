@@ -309,11 +309,7 @@ class _Worker:
             self.proc.kill()
         except OSError:
             pass
-        for conn in (self.tx, self.rx):
-            try:
-                conn.close()
-            except OSError:
-                pass
+        self.close_pipes()
         if reap:
             self.reap()
 
@@ -323,8 +319,9 @@ class _Worker:
         except (subprocess.TimeoutExpired, OSError):
             pass
 
-    def close_fds_only(self) -> None:
-        """In a forked child: drop our copies of the parent's pipes, leave its workers alone."""
+    def close_pipes(self) -> None:
+        """Close our ends of the worker's pipes, leaving the process alone (all that a
+        forked child may do: the workers are its parent's)."""
         for conn in (self.tx, self.rx):
             try:
                 conn.close()
@@ -360,13 +357,17 @@ class WorkerPool:
         try:
             worker = _Worker()
         except BaseException:
-            with self._cond:
-                self._count -= 1
-                self._cond.notify()
+            self._free_slot()
             raise
         with self._cond:
             self._all.add(worker)
         return worker
+
+    def _free_slot(self) -> None:
+        """A worker that was counted could not start: its slot is free for a waiting thread."""
+        with self._cond:
+            self._count -= 1
+            self._cond.notify()
 
     def _release(self, worker: _Worker) -> None:
         with self._cond:
@@ -396,9 +397,7 @@ class WorkerPool:
             fresh = _Worker()
         except Exception as exc:  # noqa: BLE001 - e.g. out of file descriptors
             logger.error("could not restart a grading worker: %s", exc)
-            with self._cond:
-                self._count -= 1
-                self._cond.notify()
+            self._free_slot()
             return
         with self._cond:
             self._all.add(fresh)
@@ -499,7 +498,7 @@ class WorkerPool:
         """In a forked child: close this pool's copies of the workers' pipes without
         killing the workers (they are the parent's); the child starts a fresh pool."""
         for worker in list(self._all):
-            worker.close_fds_only()
+            worker.close_pipes()
 
 
 _POOL: WorkerPool | None = None

@@ -8,8 +8,9 @@ which number to take in which position.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
+
+from helpers.restricted import restricted_model
 
 DIGITS = "123"
 SAMPLING = {"player_0": {"max_new_tokens": 1}, "player_1": {"max_new_tokens": 1}}
@@ -17,19 +18,7 @@ SAMPLING = {"player_0": {"max_new_tokens": 1}, "player_1": {"max_new_tokens": 1}
 
 def digit_model(seed: int = 0, digits: str = DIGITS) -> tuple[nn.Module, object]:
     """``build_tiny_model`` whose replies are restricted (by a frozen head bias) to ``digits``."""
-    from marft_algos.models import build_tiny_model
-
-    model, tok = build_tiny_model(seed=seed)
-    head = model.lm_head
-    biased = nn.Linear(head.in_features, head.out_features, bias=True)
-    with torch.no_grad():
-        biased.weight.copy_(head.weight)
-        biased.bias.fill_(-30.0)
-        for c in digits:
-            biased.bias[tok.convert_tokens_to_ids(c)] = 0.0
-    biased.requires_grad_(False)
-    model.lm_head = biased
-    return model, tok
+    return restricted_model(digits, seed)
 
 
 def digit_policy(seed: int = 0, digits: str = DIGITS, **kw):

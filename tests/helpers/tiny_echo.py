@@ -10,8 +10,9 @@ the start success is ~1/|V| (chance), the optimum is 1.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
+
+from helpers.restricted import restricted_model
 
 VOCAB = list("abcdefgh")  # one-letter words: one token each
 PROFILES = [
@@ -25,22 +26,18 @@ CHANCE = 1 / len(VOCAB)
 
 def letter_model(seed: int = 0) -> tuple[nn.Module, object]:
     """``build_tiny_model`` whose replies are restricted (by a frozen head bias) to VOCAB."""
-    from marft_algos.models import build_tiny_model
-
-    model, tok = build_tiny_model(seed=seed)
-    head = model.lm_head
-    biased = nn.Linear(head.in_features, head.out_features, bias=True)
-    with torch.no_grad():
-        biased.weight.copy_(head.weight)
-        biased.bias.fill_(-30.0)
-        for c in VOCAB:
-            biased.bias[tok.convert_tokens_to_ids(c)] = 0.0
-    biased.requires_grad_(False)
-    model.lm_head = biased
-    return model, tok
+    return restricted_model(VOCAB, seed)
 
 
 def letter_policy(seed: int = 0, **kw):
     from marft_algos.models import TeamPolicy
 
     return TeamPolicy(["speaker", "listener"], base=letter_model(seed), **kw)
+
+
+def echo_config(config_cls, **kw):
+    """A ``config_cls`` of a small echo-duo run on :func:`letter_model` (``kw`` overrides)."""
+    base = dict(env_id="echo-duo-v0", env_kwargs=ENV_KWARGS, model="tiny-random", num_envs=4, steps=2, progress=False,
+                tensorboard=False, sampling_overrides=SAMPLING)
+    base.update(kw)
+    return config_cls(**base)
