@@ -224,3 +224,57 @@ def test_compare_separates_an_agents_own_change_from_its_inputs(tmp_path: Path) 
     assert _metric(rows, "actor", "input_changed") == _metric(rows, "reasoner", "action_changed") > 0.0
     metrics = {r["metric"] for r in rows if r["agent"] == "team"}
     assert {"reward", "reward/outcome", "cost"} <= metrics
+
+
+# --------------------------------------------------------------------------------------
+# games in the leaderboard
+# --------------------------------------------------------------------------------------
+
+
+def test_leaderboard_reports_win_draw_loss_with_cis_against_fixed_opponents(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A game suite gets win/draw/loss rates with Wilson intervals per opponent and seat,
+    for the untrained base and a self-play checkpoint: the same numbers as playing the
+    games directly, in a table of their own (no accuracy rows, no majority vote)."""
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
+    from marft_algos.evaluation import evaluate_vs_opponent, main, untrained_policy
+    from marft_envs.games import NimEnv, OptimalNimPlayer, RandomPlayer
+
+    nim = {"piles": [5, 8], "on_invalid": "default"}
+    run = tmp_path / "run"
+    GRPOTrainer(GRPOConfig(env_id="game-nim-v0", env_kwargs=nim, model="tiny-random", mode="shared", num_envs=2, group_size=2,
+                           steps=1, lr=0.05, out_dir=str(run), progress=False, plot=False, tensorboard=False, transcript_every=0,
+                           sampling_overrides={a: {"max_new_tokens": 2} for a in ("player_0", "player_1")})).train()
+    out = tmp_path / "lb"
+    common = ["--model", "tiny-random", "--env", "game-nim-v0", "--env-kwargs", f"game-nim-v0={json.dumps(nim)}", "--limit", "6",
+              "--max-new-tokens", "2", "--temperature", "0", "--seed", "3"]
+    assert main([*common, "--opponent", "random", "--opponent", "optimal", "--checkpoint", f"sp={run}", "--out", str(out)]) == 0
+    rows = _csv(out / "leaderboard_games.csv")
+    assert list(rows[0])[:6] == ["suite", "system", "env_id", "opponent", "seat", "games"]
+    assert [(r["system"], r["opponent"], r["seat"]) for r in rows] == [
+        (s, o, seat) for s in ("untrained", "trained sp") for o in ("random", "optimal") for seat in ("player_0", "player_1", "all")]
+    assert _csv(out / "leaderboard.csv") == [] and "## Games" in (out / "leaderboard.md").read_text()
+    # the numbers are those of the games played directly (same start positions, seeds and opponent)
+    direct = {
+        name: evaluate_vs_opponent(untrained_policy(["player_0", "player_1"], "tiny-random"), lambda: NimEnv(split="test", **nim),
+                                   player, 6, seed=3, sampling={"max_new_tokens": 2})
+        for name, player in (("random", RandomPlayer(3)), ("optimal", OptimalNimPlayer()))
+    }
+    for r in rows:
+        if r["system"] != "untrained":
+            continue
+        want = direct[r["opponent"]]["overall" if r["seat"] == "all" else "seats"]
+        want = want if r["seat"] == "all" else want[r["seat"]]
+        assert int(r["games"]) == want["n"] == (12 if r["seat"] == "all" else 6)
+        for k in ("win", "draw", "loss"):
+            assert float(r[f"{k}_rate"]) == pytest.approx(want[f"{k}_rate"])
+            assert (float(r[f"{k}_ci_low"]), float(r[f"{k}_ci_high"])) == pytest.approx(wilson_interval(want[k], want["n"]))
+        assert float(r["win_rate"]) + float(r["draw_rate"]) + float(r["loss_rate"]) == pytest.approx(1.0)
+    assert all(float(r["draw_rate"]) == 0.0 for r in rows)  # Nim has no draws
+    games = json.loads((out / "leaderboard.json").read_text())["games"]
+    assert len(games) == len(rows) and games[0]["opponent"] == "random"
+    # bad input is a one-line error before any model loads
+    capsys.readouterr()
+    assert main([*common, "--opponent", "perfect", "--out", str(tmp_path / "bad")]) == 2
+    assert "unknown opponent 'perfect'" in capsys.readouterr().err
+    assert main(["--model", "tiny-random", "--env", "game-matrix-v0", "--opponent", "optimal", "--out", str(tmp_path / "bad")]) == 2
+    assert "no optimal player for MatrixGameEnv" in capsys.readouterr().err

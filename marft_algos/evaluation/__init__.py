@@ -12,7 +12,7 @@ Modules (standard library only at import time; the model stack loads on first us
 ``leaderboard`` the leaderboard run and its CLI (``marft leaderboard``)
 ``compare``     the regression view (``marft leaderboard --compare A B``)
 ``plots``       the leaderboard plot
-``games``       win/draw/loss against a fixed opponent in every seat (:func:`evaluate_vs_opponent`)
+``games``       win/draw/loss against a fixed opponent in every seat (:func:`evaluate_vs_opponent`), game rows of the leaderboard
 ==============  =====================================================================
 """
 
@@ -29,9 +29,14 @@ from marft_algos.evaluation.errors import EvaluationError, LeaderboardError
 from marft_algos.evaluation.evaluate import EvalResult, evaluate, evaluate_checkpoint, format_table
 from marft_algos.evaluation.games import (
     GAME_COLUMNS,
+    GAME_LEADERBOARD_COLUMNS,
+    OPPONENTS,
     evaluate_vs_opponent,
+    game_leaderboard_rows,
+    is_game_env,
     outcome_rates,
     play_vs_opponent,
+    scripted_opponent,
 )
 from marft_algos.evaluation.leaderboard import (
     COLUMNS,
@@ -96,7 +101,9 @@ __all__ = [
     "EvalResult",
     "EvaluationError",
     "GAME_COLUMNS",
+    "GAME_LEADERBOARD_COLUMNS",
     "LeaderboardError",
+    "OPPONENTS",
     "SUITES",
     "SampleRecord",
     "Suite",
@@ -115,6 +122,8 @@ __all__ = [
     "evaluate_vs_opponent",
     "fmt",
     "format_table",
+    "game_leaderboard_rows",
+    "is_game_env",
     "load_suite_file",
     "main",
     "majority_vote",
@@ -128,6 +137,7 @@ __all__ = [
     "plot_leaderboard",
     "problem_indices",
     "read_run_config",
+    "scripted_opponent",
     "register_suite",
     "replay_frozen",
     "run",

@@ -8,6 +8,11 @@ any ``player(env, agent) -> text``), on the same start positions (problem indice
 lockstep: every move the policy has to make across them is ONE ``policy.generate`` call.
 Rates come with 95% Wilson intervals (:func:`~marft_algos.evaluation.report.wilson_interval`).
 
+The leaderboard (``marft leaderboard --env game-nim-v0 --opponent random --opponent
+optimal``) plays game suites this way: :func:`scripted_opponent` names the fixed
+opponents, :func:`game_leaderboard_rows` gives one row per opponent and seat (and
+``"all"``) with :data:`GAME_LEADERBOARD_COLUMNS`.
+
 Example::
 
     from marft_envs.games import NimEnv, RandomPlayer
@@ -21,12 +26,31 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from marft_algos.evaluation.errors import EvaluationError
 from marft_algos.evaluation.report import wilson_interval
 
-__all__ = ["GAME_COLUMNS", "evaluate_vs_opponent", "outcome_rates", "play_vs_opponent"]
+__all__ = [
+    "GAME_COLUMNS",
+    "GAME_LEADERBOARD_COLUMNS",
+    "OPPONENTS",
+    "evaluate_vs_opponent",
+    "game_leaderboard_rows",
+    "is_game_env",
+    "outcome_rates",
+    "play_vs_opponent",
+    "scripted_opponent",
+]
 
 #: The columns of a game row (leaderboard style: rates with their 95% interval ends).
 GAME_COLUMNS = ("seat", "n", "win", "draw", "loss", "win_rate", "win_lo", "win_hi", "draw_rate", "loss_rate", "invalid_moves")
+#: The columns of a leaderboard game row (every rate with its 95% Wilson interval).
+GAME_LEADERBOARD_COLUMNS = (
+    "suite", "system", "env_id", "opponent", "seat", "games",
+    "win_rate", "win_ci_low", "win_ci_high", "draw_rate", "draw_ci_low", "draw_ci_high",
+    "loss_rate", "loss_ci_low", "loss_ci_high", "invalid_moves", "seconds",
+)
+#: The fixed opponents :func:`scripted_opponent` knows (``fixed:MOVE`` takes any move text).
+OPPONENTS = ("random", "optimal", "fixed:MOVE")
 
 
 def outcome_rates(counts: Mapping[str, int]) -> dict[str, Any]:
@@ -162,3 +186,82 @@ def evaluate_vs_opponent(
                      "win_rate": r["win_rate"], "win_lo": r["win_ci"][0], "win_hi": r["win_ci"][1],
                      "draw_rate": r["draw_rate"], "loss_rate": r["loss_rate"], "invalid_moves": r["invalid_moves"]})
     return {"seats": per_seat, "overall": overall, "rows": rows}
+
+
+def is_game_env(env: Any) -> bool:
+    """Is ``env`` (or the env it wraps) a two-player text game (:class:`~marft_envs.games.TextGameEnv`)?"""
+    from marft_envs.games import TextGameEnv
+
+    return isinstance(getattr(env, "unwrapped", env), TextGameEnv)
+
+
+def scripted_opponent(name: str, env: Any, seed: int = 0) -> Callable[[Any, str], Any]:
+    """The fixed opponent called ``name`` for the game ``env``.
+
+    ``"random"``: a uniformly random legal move (its own generator, seeded with ``seed``:
+    two systems evaluated with the same seed meet the same player); ``"optimal"``: Nim's
+    optimal player (the other games have none); ``"fixed:MOVE"``: always ``MOVE: MOVE``.
+    An unknown name, or ``"optimal"`` for a game without one, is an :class:`EvaluationError`.
+
+    Example:
+        >>> from marft_envs.games import NimEnv
+        >>> type(scripted_opponent("optimal", NimEnv())).__name__
+        'OptimalNimPlayer'
+    """
+    from marft_envs.games import FixedPlayer, NimEnv, OptimalNimPlayer, RandomPlayer
+
+    game = getattr(env, "unwrapped", env)
+    if name == "random":
+        return RandomPlayer(seed)
+    if name == "optimal":
+        if not isinstance(game, NimEnv):
+            raise EvaluationError(f"no optimal player for {type(game).__name__}: use --opponent random or fixed:MOVE")
+        return OptimalNimPlayer()
+    if name.startswith("fixed:") and name[len("fixed:"):].strip():
+        return FixedPlayer(name[len("fixed:"):].strip())
+    raise EvaluationError(f"unknown opponent {name!r}; known: {', '.join(OPPONENTS)}")
+
+
+def game_leaderboard_rows(
+    policy: Any,
+    env_fn: Callable[[], Any],
+    opponents: Sequence[str],
+    problems: Sequence[int],
+    *,
+    seed: int = 0,
+    sampling: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Leaderboard rows of ``policy`` against each named opponent, in every seat.
+
+    The start positions are ``problems`` (consecutive indices of the env's split); game
+    ``k`` of a seat is reset with ``seed + k``. One row per opponent and seat, then the
+    seat ``"all"`` (both seats pooled), with the :data:`GAME_LEADERBOARD_COLUMNS` from
+    ``opponent`` on (``seconds`` is the time of that opponent's games, on the ``"all"`` row).
+    """
+    import time
+
+    problems = list(problems)
+    if not problems:
+        raise EvaluationError("no start positions to play (limit 0, or a start index past the split's end)")
+    if problems != list(range(problems[0], problems[0] + len(problems))):
+        raise EvaluationError(f"game start positions must be consecutive indices, got {problems[:5]}...")
+    probe = env_fn()
+    rows: list[dict[str, Any]] = []
+    for name in opponents:
+        opponent = scripted_opponent(name, probe, seed)
+        if sampling is not None and not sampling.get("greedy", True):
+            import torch
+
+            torch.manual_seed(seed)  # sampled replies: every system meets the same draws
+        t0 = time.perf_counter()
+        report = evaluate_vs_opponent(policy, env_fn, opponent, len(problems), start_index=problems[0], seed=seed, sampling=sampling)
+        seconds = time.perf_counter() - t0
+        for seat, r in [*report["seats"].items(), ("all", report["overall"])]:
+            row: dict[str, Any] = {"opponent": name, "seat": seat, "games": r["n"]}
+            for k in ("win", "draw", "loss"):
+                row[f"{k}_rate"] = r[f"{k}_rate"]
+                row[f"{k}_ci_low"], row[f"{k}_ci_high"] = r[f"{k}_ci"]
+            row["invalid_moves"] = r["invalid_moves"]
+            row["seconds"] = seconds if seat == "all" else ""
+            rows.append(row)
+    return rows

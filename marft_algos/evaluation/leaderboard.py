@@ -30,6 +30,15 @@ episode, LLM calls per episode and verifier timeouts. Problems are indices
 ``seed + 1000 * i + j`` and the torch RNG is seeded with ``seed`` per system, so a
 re-run reproduces the table.
 
+Games (a suite whose env is a two-player text game, e.g. ``--env game-nim-v0``): every
+system plays each start position ``0..limit-1`` once in EACH seat against every fixed
+opponent of ``--opponent`` (default ``random``; ``optimal`` for Nim; ``fixed:MOVE``) and
+gets win/draw/loss rates with 95% Wilson intervals, per seat and pooled (seat ``all``),
+plus the mean invalid moves per game (:func:`~marft_algos.evaluation.games.game_leaderboard_rows`).
+``--temperature`` applies (0 or a negative value: greedy); ``--k`` and the majority-vote
+baseline do not. These rows form their own table (``leaderboard.md``'s "Games" section,
+``leaderboard_games.csv``, and ``games`` in ``leaderboard.json``).
+
 Regression view (``--compare A B``): see :mod:`marft_algos.evaluation.compare`.
 """
 
@@ -47,6 +56,12 @@ from pathlib import Path
 from typing import Any
 
 from marft_algos.evaluation.errors import EvaluationError, LeaderboardError
+from marft_algos.evaluation.games import (
+    GAME_LEADERBOARD_COLUMNS,
+    game_leaderboard_rows,
+    is_game_env,
+    scripted_opponent,
+)
 from marft_algos.evaluation.majority import majority_vote
 from marft_algos.evaluation.options import (
     DEFAULT_MODEL,
@@ -198,6 +213,23 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     samples_f = (out_dir / "samples.jsonl").open("w")
 
+    def record_game(suite: Suite, system: str, env_id: str, policy: Any, kwargs: dict[str, Any], split: str, problems: list[int]) -> None:
+        def env_fn() -> Any:
+            return marft_envs.make(env_id, **{**kwargs, "split": split})
+
+        for r in game_leaderboard_rows(policy, env_fn, opponents, problems, seed=args.seed, sampling=game_sampling):
+            rows.append({"suite": suite.name, "system": system, "env_id": env_id, **r})
+            if r["seat"] == "all":
+                print(f"[leaderboard] {suite.name:<10} {system:<22} vs {r['opponent']:<8} win {r['win_rate']:.3f} "
+                      f"[{r['win_ci_low']:.3f}, {r['win_ci_high']:.3f}] draw {r['draw_rate']:.3f} loss {r['loss_rate']:.3f} "
+                      f"({r['games']} games, {r['seconds']:.0f} s)", flush=True)
+
+    opponents = list(dict.fromkeys(args.opponent or ["random"]))
+    temperature = ev["temperature"]
+    game_sampling: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
+    if temperature is not None and temperature > 0:
+        game_sampling.update(greedy=False, temperature=temperature)
+
     def record(suite: Suite, system: str, env_id: str, recs: list[SampleRecord], seconds: float, k: int) -> None:
         row = {"suite": suite.name, "system": system, "env_id": env_id, **summarize(recs, k), "seconds": seconds}
         rows.append(row)
@@ -219,8 +251,12 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(f"[leaderboard] {suite.name}: nothing to run (no team selected, no checkpoint)")
                 continue
             any_env = suite.envs[suite_teams[0]] if suite_teams else next(iter(suite.envs.values()))
-            problems = problem_indices(any_env, split, suite.kwargs, limit, args.start_index)
-            vote = args.majority and "solo" in suite.envs and "env" not in suite.envs
+            probe = marft_envs.make(any_env, **{**suite.kwargs, "split": split})
+            problems = problem_indices(any_env, split, suite.kwargs, limit, args.start_index, env=probe)
+            game = is_game_env(probe)
+            for name in opponents if game else []:
+                scripted_opponent(name, probe)  # a bad name fails before any model loads
+            vote = args.majority and "solo" in suite.envs and "env" not in suite.envs and not game
             teams_played = [*suite_teams, *(["solo"] if vote and "solo" not in suite_teams else [])]
             roles = sorted({a for t in teams_played for a in marft_envs.spec(suite.envs[t]).agents_for(**{**suite.kwargs, "split": split})})
             policy = untrained_policy(roles, model, engine=getattr(args, "engine", None) or "hf") if roles else None
@@ -229,6 +265,9 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if team == "solo" and vote:
                     continue  # run with the vote samples below (one pass serves both)
                 env_id = suite.envs[team]
+                if game:
+                    record_game(suite, "untrained" if team == "env" else f"untrained {team}", env_id, policy, suite.kwargs, split, problems)
+                    continue
                 t0 = time.perf_counter()
                 recs = run_samples(policy, env_id, split=split, env_kwargs=suite.kwargs, problems=problems, k=args.k, seed=args.seed, **ev)
                 record(suite, "untrained" if team == "env" else f"untrained {team}", env_id, recs, time.perf_counter() - t0, args.k)
@@ -255,6 +294,11 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
                     continue
                 env_id, kwargs = match
                 trained: TrainedPolicy = checkpoint_policy(path, engine=getattr(args, "engine", None))
+                if game:
+                    record_game(suite, f"trained {label}", env_id, trained.policy, kwargs, split, problems)
+                    del trained
+                    gc.collect()
+                    continue
                 t0 = time.perf_counter()
                 recs = run_samples(trained.policy, env_id, split=split, env_kwargs=kwargs, problems=problems, k=args.k, seed=args.seed, **ev)
                 record(suite, f"trained {label}", env_id, recs, time.perf_counter() - t0, args.k)
@@ -274,10 +318,20 @@ def _rank(system: str) -> int:
 
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path, args: argparse.Namespace) -> None:
-    """Sort ``rows`` (baselines first) and write leaderboard.md / .csv / .json / .png."""
+    """Sort ``rows`` (baselines first) and write leaderboard.md / .csv / .json / .png.
+
+    Game rows (those with an ``opponent``) form their own table: the "Games" section of
+    leaderboard.md, ``leaderboard_games.csv`` and ``games`` in leaderboard.json.
+    """
     suites = list(dict.fromkeys(r["suite"] for r in rows))
-    rows.sort(key=lambda r: (suites.index(r["suite"]), _rank(r["system"])))
-    table = markdown_table(rows, COLUMNS, _HEADERS)
+    rows.sort(key=lambda r: (suites.index(r["suite"]), _rank(r["system"])))  # stable: a game's seats keep their order
+    games = [r for r in rows if "opponent" in r]
+    rows = [r for r in rows if "opponent" not in r]
+    table = markdown_table(rows, COLUMNS, _HEADERS) if rows or not games else ""
+    if games:
+        game_table = markdown_table(games, GAME_LEADERBOARD_COLUMNS)
+        table = (table + "\n\n" if table else "") + "## Games (win/draw/loss against fixed opponents, 95% Wilson CIs)\n\n" + game_table
+        write_csv(out_dir / "leaderboard_games.csv", games, GAME_LEADERBOARD_COLUMNS)
     meta = versions()
     settings = {k: v for k, v in vars(args).items() if k not in ("func",)}
     header = (
@@ -288,10 +342,11 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, args: argparse.Name
     )
     (out_dir / "leaderboard.md").write_text(header + table + "\n")
     write_csv(out_dir / "leaderboard.csv", rows, COLUMNS)
-    write_json(out_dir / "leaderboard.json", {"rows": rows, "versions": meta, "settings": settings})
-    plot_leaderboard(rows, out_dir / "leaderboard.png")
+    write_json(out_dir / "leaderboard.json", {"rows": rows, "games": games, "versions": meta, "settings": settings})
+    if rows or not games:
+        plot_leaderboard(rows, out_dir / "leaderboard.png")
     print(table)
-    print(f"[leaderboard] wrote {out_dir / 'leaderboard.md'}, .csv, .png, samples.jsonl")
+    print(f"[leaderboard] wrote {out_dir / 'leaderboard.md'}, .csv, .png, samples.jsonl" + (", leaderboard_games.csv" if games else ""))
 
 
 # --------------------------------------------------------------------------------------
@@ -321,6 +376,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--num-envs", type=int, default=32, help="episodes generated together")
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--no-majority", dest="majority", action="store_false", help="skip the majority-vote baselines")
+    p.add_argument("--opponent", action="append", metavar="NAME",
+                   help="game suites: a fixed opponent every system plays in each seat (repeatable): random (default), "
+                        "optimal (Nim) or fixed:MOVE")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--engine", default=None, help="generation engine: hf or vllm (docs/engines.md); default: hf, or a checkpoint's own")
     p.add_argument("--out", default="runs/leaderboard")

@@ -28,11 +28,14 @@ DEFAULT_TEMPERATURE = 0.7
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def problem_indices(env_id: str, split: str, kwargs: dict[str, Any], limit: int, start: int) -> list[int]:
-    """Indices ``start .. start + limit - 1`` of the split, cut at its size (the env is built once to read it)."""
+def problem_indices(env_id: str, split: str, kwargs: dict[str, Any], limit: int, start: int, env: Any = None) -> list[int]:
+    """Indices ``start .. start + limit - 1`` of the split, cut at its size (read from ``env``,
+    else from the env built once to read it)."""
     import marft_envs
 
-    total = int(getattr(marft_envs.make(env_id, **{**kwargs, "split": split}), "num_problems", limit))
+    if env is None:
+        env = marft_envs.make(env_id, **{**kwargs, "split": split})
+    total = int(getattr(env, "num_problems", limit))
     return list(range(start, min(total, start + limit)))
 
 
