@@ -99,7 +99,8 @@ def hf(policy: TeamPolicy, rows: list[tuple[str, list[int]]], max_new: int) -> t
 
 
 def rollout_on_off(policy: TeamPolicy, args: argparse.Namespace) -> None:
-    """Print the duo rollout with continuous batching on vs off (interleaved, medians)."""
+    """Print the duo rollout with continuous batching off vs on (one side per
+    ``--join-fractions`` value), interleaved, medians."""
     import os
 
     import marft_envs
@@ -108,35 +109,37 @@ def rollout_on_off(policy: TeamPolicy, args: argparse.Namespace) -> None:
     env_id = "arith-duo-v0"
     agents = marft_envs.make(env_id).possible_agents
     over = {a: {"max_new_tokens": args.max_new_tokens} for a in agents}
+    sides: list[float | None] = [None, *args.join_fractions]  # None: continuous batching off
     cols = {
-        on: RolloutCollector(lambda: marft_envs.make(env_id), policy, num_envs=args.episodes, group_size=args.group_size,
-                             seed=args.seed, sampling_overrides=over, continuous_batching=on)
-        for on in (False, True)
+        side: RolloutCollector(lambda: marft_envs.make(env_id), policy, num_envs=args.episodes, group_size=args.group_size,
+                               seed=args.seed, sampling_overrides=over, continuous_batching=side is not None)
+        for side in sides
     }
     ours(policy, prompts_for(policy, list(agents), 2), 2)  # warm-up
-    runs: dict[bool, list[tuple[int, int, float]]] = {False: [], True: []}
+    name = {side: "off" if side is None else f"on (join {side:g})" for side in sides}
+    runs: dict[float | None, list[tuple[int, int, float]]] = {side: [] for side in sides}
     for rep in range(args.repeats):
-        order = (False, True) if rep % 2 == 0 else (True, False)
-        for on in order:
+        order = sides if rep % 2 == 0 else sides[::-1]  # alternate: the load drifts between runs
+        for side in order:
+            if side is not None:
+                policy.engine.join_fraction = side
             torch.manual_seed(args.seed + rep)
-            batch = cols[on].collect()
+            batch = cols[side].collect()
             m = batch.metrics
-            runs[on].append((int(m["rollout/tokens"]), len(batch.episodes), m["perf/rollout_s"]))
-            print(f"  run {rep} continuous={'on' if on else 'off'}: {runs[on][-1][0]} tokens, {runs[on][-1][2]:.1f}s, "
+            runs[side].append((int(m["rollout/tokens"]), len(batch.episodes), m["perf/rollout_s"]))
+            print(f"  run {rep} {name[side]}: {runs[side][-1][0]} tokens, {runs[side][-1][2]:.1f}s, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
-    header = f"{'continuous':<11} {'tok/s':>7} {'samples/s':>10} {'tokens':>7} {'episodes':>8} {'seconds':>8}"
+    header = f"{'continuous':<14} {'tok/s':>7} {'samples/s':>10} {'vs off':>7} {'tokens':>7} {'episodes':>8} {'seconds':>8}"
     print(header)
     print("-" * len(header))
-    med = {}
-    for on in (False, True):
-        tok_s = statistics.median(n / d for n, _, d in runs[on])
-        smp_s = statistics.median(e / d for _, e, d in runs[on])
-        med[on] = (tok_s, smp_s)
-        print(f"{'on' if on else 'off':<11} {tok_s:>7.1f} {smp_s:>10.3f} {sum(n for n, _, _ in runs[on]):>7} "
-              f"{sum(e for _, e, _ in runs[on]):>8} {sum(d for _, _, d in runs[on]):>8.1f}")
-    print(f"ratio on/off: tokens/s {med[True][0] / med[False][0]:.2f}, samples/s {med[True][1] / med[False][1]:.2f}")
+    med = {side: (statistics.median(n / d for n, _, d in runs[side]), statistics.median(e / d for _, e, d in runs[side])) for side in sides}
+    for side in sides:
+        tok_s, smp_s = med[side]
+        print(f"{name[side]:<14} {tok_s:>7.1f} {smp_s:>10.3f} {tok_s / med[None][0]:>7.2f} {sum(n for n, _, _ in runs[side]):>7} "
+              f"{sum(e for _, e, _ in runs[side]):>8} {sum(d for _, _, d in runs[side]):>8.1f}")
     print(f"\n{env_id}, {args.episodes} episodes (groups of {args.group_size}) per rollout, each agent <= {args.max_new_tokens} "
-          f"tokens, profile sampling; medians over {args.repeats} rollouts per side (order alternating); "
+          f"tokens, profile sampling; medians over {args.repeats} rollouts per side (order alternating); 'vs off' = "
+          f"tokens/s ratio (samples/s ratios: {', '.join(f'{name[s]} {med[s][1] / med[None][1]:.2f}' for s in sides[1:])}); "
           f"load average {os.getloadavg()[0]:.1f} at the end.")
 
 
@@ -200,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="runs per side, order alternating; medians reported")
     ap.add_argument("--continuous-batching", action="store_true", help="measure the duo rollout with continuous batching on vs off")
+    ap.add_argument("--join-fractions", nargs="+", type=float, default=[0.25], help="--continuous-batching: HFEngine.join_fraction of each 'on' side")
     ap.add_argument("--episodes", type=int, default=32, help="--continuous-batching: episodes per rollout (env copies)")
     ap.add_argument("--group-size", type=int, default=8, help="--continuous-batching: GRPO group size")
     ap.add_argument("--profile", action="store_true", help="break one generation at the largest --batches down (forward, sampling, loop, padding, top ops)")

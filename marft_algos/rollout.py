@@ -347,7 +347,8 @@ class RolloutCollector:
             (the ``hf`` engine lets it join the running batch) instead of waiting for
             the whole round. Same episodes per env; envs are stepped one at a time
             (``step_workers`` does not apply) and ``share_prefill`` is the engine's (it
-            prefills identical prompts that join together once).
+            prefills identical prompts that join together once). None (default): the
+            engine's ``continuous_batching`` setting (off when it has none).
     """
 
     def __init__(
@@ -366,7 +367,7 @@ class RolloutCollector:
         share_prefill: bool = True,
         step_workers: int = 8,
         strict_context: bool = False,
-        continuous_batching: bool = False,
+        continuous_batching: bool | None = None,
     ) -> None:
         if num_envs % group_size:
             raise ValueError(f"num_envs ({num_envs}) must be a multiple of group_size ({group_size})")
@@ -384,6 +385,8 @@ class RolloutCollector:
         self.agent_to_role = agent_to_role or (lambda a: a)
         self.max_steps_per_episode = max_steps_per_episode
         self.share_prefill = share_prefill
+        if continuous_batching is None:  # the engine's setting (hf: engine_options.continuous_batching)
+            continuous_batching = bool(getattr(getattr(policy, "engine", None), "continuous_batching", False))
         self.continuous_batching = bool(continuous_batching)
         if step_workers < 1:
             raise ValueError(f"step_workers must be >= 1, got {step_workers}")

@@ -188,3 +188,36 @@ def test_collector_with_continuous_batching_plays_the_same_greedy_episodes(env_i
             assert torch.allclose(torch.tensor(a.old_logprobs), torch.tensor(b.old_logprobs), atol=1e-5, rtol=0)
         metrics = {k for k in off.metrics if not k.startswith("perf/") and k != "rollout/shared_prefill_rows"}
         assert {k: on.metrics.get(k) for k in metrics} == {k: off.metrics[k] for k in metrics}
+
+
+def test_join_fraction_decides_when_queued_requests_join(policy):
+    greedy = {"greedy": True}
+    longs = [(f"long{k}", GenRequest("planner", _prompt(policy, "planner", f"long question {k} " * 3), SamplingParams(max_new_tokens=20, **greedy)))
+             for k in range(3)]
+    short = ("short", GenRequest("solver", _prompt(policy, "solver", "short"), SamplingParams(max_new_tokens=2, **greedy)))
+    follow = {"short": [("joiner", GenRequest("solver", _prompt(policy, "solver", "joiner"), SamplingParams(max_new_tokens=4, **greedy)))]}
+    orders, results = {}, {}
+    try:
+        for fraction in (0.0, 1.0):
+            policy.engine.join_fraction = fraction
+            results[fraction], orders[fraction] = _stream(policy, [*longs, short], follow=follow)
+    finally:
+        policy.engine.join_fraction = 0.25
+    assert orders[0.0][:2] == ["short", "joiner"]  # joins at the next step
+    # 1 waiting < 1.0 x running rows: it joins once a single long row is left
+    assert orders[1.0].index("joiner") > sorted(orders[1.0].index(f"long{k}") for k in range(3))[1]
+    for key in results[0.0]:
+        _assert_same(results[0.0][key], results[1.0][key])
+    with pytest.raises(ValueError, match="join_fraction"):
+        HFEngine(policy, join_fraction=1.5)
+
+
+def test_the_collector_takes_continuous_batching_from_the_engine_options():
+    from marft_algos.config import TrainConfig
+
+    TrainConfig(engine_options={"continuous_batching": True, "join_fraction": 0.5})  # accepted options
+    policy = TeamPolicy(["speaker", "listener"], base="tiny-random")
+    assert not RolloutCollector(lambda: marft_envs.make("echo-duo-v0"), policy, num_envs=2).continuous_batching
+    policy.engine = HFEngine(policy, continuous_batching=True)
+    assert RolloutCollector(lambda: marft_envs.make("echo-duo-v0"), policy, num_envs=2).continuous_batching
+    assert not RolloutCollector(lambda: marft_envs.make("echo-duo-v0"), policy, num_envs=2, continuous_batching=False).continuous_batching

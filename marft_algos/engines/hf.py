@@ -172,9 +172,24 @@ class HFEngine(GenerationEngine):
     Args:
         policy: the team policy to decode with; its models, adapters, tokenizers,
             ``stats`` counter and decode flags are used in place.
+        continuous_batching: whether a :class:`~marft_algos.rollout.RolloutCollector`
+            built without its own setting streams its requests through
+            :meth:`generate_stream` (``engine_options={"continuous_batching": true}``).
+        join_fraction: in :meth:`generate_stream`, queued requests join a running batch
+            of ``r`` rows once at least ``max(1, join_fraction * r)`` are waiting (or
+            nothing runs): every join is one more prefill forward, and requests joining
+            together share their prompt prefixes. ``0`` joins at every step.
     """
 
     name = "hf"
+
+    def __init__(self, policy: Any, *, continuous_batching: bool = False, join_fraction: float = 0.25) -> None:
+        super().__init__(policy)
+        if not 0.0 <= join_fraction <= 1.0:
+            raise ValueError(f"join_fraction must be in [0, 1], got {join_fraction}")
+        #: the collector's default for ``RolloutCollector(continuous_batching=None)``
+        self.continuous_batching = bool(continuous_batching)
+        self.join_fraction = float(join_fraction)
 
     # ---- the interface --------------------------------------------------------------
     def generate(self, requests: Sequence[GenRequest], *, seed: int | None = None) -> list[GenResult]:
@@ -269,7 +284,7 @@ class HFEngine(GenerationEngine):
                 for lane in lanes:
                     if lane.rows:
                         self._advance_lane(lane)
-                    if lane.queue and len(lane.rows) < pol.max_batch and (not lane.rows or _mergeable(lane.cache)):
+                    if lane.queue and self._may_join(lane):
                         self._join_lane(lane)
                 for lane in lanes:
                     if lane.rows:
@@ -286,6 +301,8 @@ class HFEngine(GenerationEngine):
         pol = self.policy
         return {
             "engine": self.name,
+            "continuous_batching": self.continuous_batching,
+            "join_fraction": self.join_fraction,
             "max_batch": pol.max_batch,
             "merge_for_decode": pol.merge_for_decode,
             "share_prefixes": pol.share_prefixes,
@@ -403,6 +420,14 @@ class HFEngine(GenerationEngine):
         if len(keep) != len(lane.rows):
             lane.select(keep)
         return finished
+
+    def _may_join(self, lane: _Lane) -> bool:
+        """Do ``lane``'s queued requests join now (see ``join_fraction``)?"""
+        if not lane.rows:
+            return True
+        if len(lane.rows) >= self.policy.max_batch or not _mergeable(lane.cache):
+            return False
+        return len(lane.queue) >= max(1.0, self.join_fraction * len(lane.rows))
 
     def _advance_lane(self, lane: _Lane) -> None:
         """Feed each row's sampled token: one forward of the running batch."""
