@@ -17,7 +17,9 @@ once: every env sits at its own ``agent_selection``; dead agents are stepped wit
 ``None``; all pending generation requests across envs go into ONE ``policy.generate``
 call (the policy batches by base model/adapter). GRPO groups are G consecutive env
 copies reset with the same seed (same problem). Topologies that change the agent order
-at run time are followed as the env dictates (we never assume an order).
+at run time are followed as the env dictates (we never assume an order). With
+``continuous_batching`` the rounds give way to ``policy.generate_stream``: each env's
+next request is submitted as soon as its previous action was stepped (docs/engines.md).
 """
 
 from __future__ import annotations
