@@ -7,10 +7,23 @@ prompts and ``adapter_names`` (one per row), in the same process, interleaved wi
 (alternating order over ``--repeats`` runs), so the ratio is measured side by side. Tokens/s counts generated tokens up to and including
 EOS (padding after a finished row is not counted).
 
+With ``--continuous-batching`` it measures the duo rollout instead (``arith-duo-v0``, the
+collector with sampling from the team's profiles, each agent <= ``--max-new-tokens``):
+continuous batching on vs off (``RolloutCollector(continuous_batching=...)``) on the same
+policy, interleaved over ``--repeats`` runs per side in this process; tokens/s (generated
+tokens / rollout seconds) and samples/s (episodes / rollout seconds), medians, and the
+ratios on / off.
+
+With ``--profile`` it breaks one batch-``--batches[-1]`` generation down instead: wall time
+into model forwards (prefill and decode steps), sampling and the rest (the Python loop:
+finish checks, stop strings, row bookkeeping); the share of attended KV columns that are
+padding; and the top operators of the decode forwards (``torch.profiler``, self CPU time).
+
 Usage::
 
     python benchmarks/decode_speed.py                         # smollm2-135m, 32 new tokens
     python benchmarks/decode_speed.py --model tiny-random --max-new-tokens 16
+    python benchmarks/decode_speed.py --continuous-batching --episodes 32 --group-size 8
 """
 
 from __future__ import annotations
@@ -85,6 +98,102 @@ def hf(policy: TeamPolicy, rows: list[tuple[str, list[int]]], max_new: int) -> t
     return tokens, dt
 
 
+def rollout_on_off(policy: TeamPolicy, args: argparse.Namespace) -> None:
+    """Print the duo rollout with continuous batching off vs on (one side per
+    ``--join-fractions`` value), interleaved, medians."""
+    import os
+
+    import marft_envs
+    from marft_algos.rollout import RolloutCollector
+
+    env_id = "arith-duo-v0"
+    agents = marft_envs.make(env_id).possible_agents
+    over = {a: {"max_new_tokens": args.max_new_tokens} for a in agents}
+    sides: list[float | None] = [None, *args.join_fractions]  # None: continuous batching off
+    cols = {
+        side: RolloutCollector(lambda: marft_envs.make(env_id), policy, num_envs=args.episodes, group_size=args.group_size,
+                               seed=args.seed, sampling_overrides=over, continuous_batching=side is not None)
+        for side in sides
+    }
+    ours(policy, prompts_for(policy, list(agents), 2), 2)  # warm-up
+    name = {side: "off" if side is None else f"on (join {side:g})" for side in sides}
+    runs: dict[float | None, list[tuple[int, int, float]]] = {side: [] for side in sides}
+    for rep in range(args.repeats):
+        order = sides if rep % 2 == 0 else sides[::-1]  # alternate: the load drifts between runs
+        for side in order:
+            if side is not None:
+                policy.engine.join_fraction = side
+            torch.manual_seed(args.seed + rep)
+            batch = cols[side].collect()
+            m = batch.metrics
+            runs[side].append((int(m["rollout/tokens"]), len(batch.episodes), m["perf/rollout_s"]))
+            print(f"  run {rep} {name[side]}: {runs[side][-1][0]} tokens, {runs[side][-1][2]:.1f}s, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+    header = f"{'continuous':<14} {'tok/s':>7} {'samples/s':>10} {'vs off':>7} {'tokens':>7} {'episodes':>8} {'seconds':>8}"
+    print(header)
+    print("-" * len(header))
+    med = {side: (statistics.median(n / d for n, _, d in runs[side]), statistics.median(e / d for _, e, d in runs[side])) for side in sides}
+    for side in sides:
+        tok_s, smp_s = med[side]
+        print(f"{name[side]:<14} {tok_s:>7.1f} {smp_s:>10.3f} {tok_s / med[None][0]:>7.2f} {sum(n for n, _, _ in runs[side]):>7} "
+              f"{sum(e for _, e, _ in runs[side]):>8} {sum(d for _, _, d in runs[side]):>8.1f}")
+    print(f"\n{env_id}, {args.episodes} episodes (groups of {args.group_size}) per rollout, each agent <= {args.max_new_tokens} "
+          f"tokens, profile sampling; medians over {args.repeats} rollouts per side (order alternating); 'vs off' = "
+          f"tokens/s ratio (samples/s ratios: {', '.join(f'{name[s]} {med[s][1] / med[None][1]:.2f}' for s in sides[1:])}); "
+          f"load average {os.getloadavg()[0]:.1f} at the end.")
+
+
+def profile_decode(policy: TeamPolicy, roles: list[str], args: argparse.Namespace) -> None:
+    """Print where the time of one batched generation goes (see the module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import marft_algos.engines.hf as hf_mod
+
+    batch = args.batches[-1]
+    rows = prompts_for(policy, roles, batch)
+    engine = policy.engine
+    spent = {"prefill": 0.0, "decode": 0.0, "sample": 0.0}
+    counts = {"decode": 0, "cols": 0, "pad_cols": 0}
+    forward, sample = engine._forward, hf_mod.sample_next
+
+    def timed_forward(b, **kw):
+        t = time.perf_counter()
+        out = forward(b, **kw)
+        kind = "decode" if kw["ids"].shape[1] == 1 else "prefill"
+        spent[kind] += time.perf_counter() - t
+        if kind == "decode":
+            m = kw["mask"]
+            counts["decode"] += 1
+            counts["cols"] += m.numel()
+            counts["pad_cols"] += int(m.numel() - m.sum())
+        return out
+
+    def timed_sample(*a, **k):
+        t = time.perf_counter()
+        out = sample(*a, **k)
+        spent["sample"] += time.perf_counter() - t
+        return out
+
+    engine._forward, hf_mod.sample_next = timed_forward, timed_sample
+    try:
+        ours(policy, rows[:2], 4)  # warm-up
+        for k in spent:
+            spent[k] = 0.0
+        counts.update(decode=0, cols=0, pad_cols=0)
+        tokens, wall = ours(policy, rows, args.max_new_tokens)
+    finally:
+        engine._forward, hf_mod.sample_next = forward, sample
+    rest = wall - sum(spent.values())
+    print(f"batch {batch}, {tokens} tokens in {wall:.2f}s ({tokens / wall:.1f} tok/s), {counts['decode']} decode steps")
+    for k, v in [*spent.items(), ("python loop (rest)", rest)]:
+        per = f", {1e3 * v / max(counts['decode'], 1):.1f} ms/step" if k != "prefill" else ""
+        print(f"  {k:<20} {v:>7.2f}s {100 * v / wall:>5.1f}%{per}")
+    print(f"  attended KV columns that are padding: {100 * counts['pad_cols'] / max(counts['cols'], 1):.1f}%")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ours(policy, rows, min(args.max_new_tokens, 16))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the decode-speed table (marft vs HF generate, order alternating per repeat)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,12 +202,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="runs per side, order alternating; medians reported")
+    ap.add_argument("--continuous-batching", action="store_true", help="measure the duo rollout with continuous batching on vs off")
+    ap.add_argument("--join-fractions", nargs="+", type=float, default=[0.25], help="--continuous-batching: HFEngine.join_fraction of each 'on' side")
+    ap.add_argument("--episodes", type=int, default=32, help="--continuous-batching: episodes per rollout (env copies)")
+    ap.add_argument("--group-size", type=int, default=8, help="--continuous-batching: GRPO group size")
+    ap.add_argument("--profile", action="store_true", help="break one generation at the largest --batches down (forward, sampling, loop, padding, top ops)")
+    ap.add_argument("--max-batch", type=int, default=64, help="the policy's max running batch")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     roles = ["solver", "checker"]
     t0 = time.perf_counter()
-    policy = TeamPolicy(roles, base=args.model)
+    if args.continuous_batching:
+        import marft_envs
+
+        roles = list(marft_envs.make("arith-duo-v0").possible_agents)
+    policy = TeamPolicy(roles, base=args.model, max_batch=args.max_batch)
     print(f"model {args.model}: policy built in {time.perf_counter() - t0:.1f}s; threads={torch.get_num_threads()}")
+    if args.continuous_batching:
+        rollout_on_off(policy, args)
+        return
+    if args.profile:
+        profile_decode(policy, roles, args)
+        return
     warm = prompts_for(policy, roles, 2)
     ours(policy, warm, 4)
     hf(policy, warm, 4)

@@ -17,7 +17,9 @@ once: every env sits at its own ``agent_selection``; dead agents are stepped wit
 ``None``; all pending generation requests across envs go into ONE ``policy.generate``
 call (the policy batches by base model/adapter). GRPO groups are G consecutive env
 copies reset with the same seed (same problem). Topologies that change the agent order
-at run time are followed as the env dictates (we never assume an order).
+at run time are followed as the env dictates (we never assume an order). With
+``continuous_batching`` the rounds give way to ``policy.generate_stream``: each env's
+next request is submitted as soon as its previous action was stepped (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -342,6 +344,13 @@ class RolloutCollector:
             ``step``: PettingZoo envs use their own ``np_random``).
         strict_context: raise :class:`ContextOverflowError` on the first overlong prompt
             instead of warning once per agent and playing "".
+        continuous_batching: generate with ``policy.generate_stream``: an env's next
+            agent is encoded and submitted as soon as its predecessor's action is done
+            (the ``hf`` engine lets it join the running batch) instead of waiting for
+            the whole round. Same episodes per env; envs are stepped one at a time
+            (``step_workers`` does not apply) and ``share_prefill`` is the engine's (it
+            prefills identical prompts that join together once). None (default): the
+            engine's ``continuous_batching`` setting (off when it has none).
     """
 
     def __init__(
@@ -360,6 +369,7 @@ class RolloutCollector:
         share_prefill: bool = True,
         step_workers: int = 8,
         strict_context: bool = False,
+        continuous_batching: bool | None = None,
     ) -> None:
         if num_envs % group_size:
             raise ValueError(f"num_envs ({num_envs}) must be a multiple of group_size ({group_size})")
@@ -377,6 +387,9 @@ class RolloutCollector:
         self.agent_to_role = agent_to_role or (lambda a: a)
         self.max_steps_per_episode = max_steps_per_episode
         self.share_prefill = share_prefill
+        if continuous_batching is None:  # the engine's setting (hf: engine_options.continuous_batching)
+            continuous_batching = bool(getattr(getattr(policy, "engine", None), "continuous_batching", False))
+        self.continuous_batching = bool(continuous_batching)
         if step_workers < 1:
             raise ValueError(f"step_workers must be >= 1, got {step_workers}")
         self.step_workers = int(step_workers)
@@ -464,7 +477,8 @@ class RolloutCollector:
         batch.metrics = self._metrics(episodes, counters, elapsed)
         return batch
 
-    def _run_chunk(self, chunk: Sequence[dict[str, Any]], counters: dict[str, float]) -> list[Episode]:
+    def _reset_chunk(self, chunk: Sequence[dict[str, Any]]) -> list[Episode]:
+        """Reset one env copy per spec of ``chunk``; their (empty) episodes."""
         episodes: list[Episode] = []
         for env, spec in zip(self.envs, chunk, strict=False):
             env.reset(seed=spec.get("seed"), options=spec.get("options"))
@@ -479,6 +493,12 @@ class RolloutCollector:
                     problem_id=getattr(problem, "id", None),
                 )
             )
+        return episodes
+
+    def _run_chunk(self, chunk: Sequence[dict[str, Any]], counters: dict[str, float]) -> list[Episode]:
+        if self.continuous_batching and callable(getattr(self.policy, "generate_stream", None)):
+            return self._run_chunk_stream(chunk, counters)
+        episodes = self._reset_chunk(chunk)
         live = list(range(len(chunk)))
         steps = [0] * len(chunk)
         open_actions: dict[tuple[int, str], _OpenAction] = {}  # (env slot, agent) -> its open tool action
@@ -540,6 +560,78 @@ class RolloutCollector:
                         action_index=tr.action_key[1],
                     )
                 steps[i] += 1
+        return episodes
+
+    def _run_chunk_stream(self, chunk: Sequence[dict[str, Any]], counters: dict[str, float]) -> list[Episode]:
+        """:meth:`_run_chunk` with continuous batching: each env's next request is
+        submitted the moment its previous action is done (``policy.generate_stream``).
+
+        Every env goes through the same steps as in the round-based loop (per env the
+        order of actions, prompts and records is the same); only the interleaving across
+        envs differs. The env steps run in the engine's callback, one at a time.
+        """
+        from marft_algos.models import GenRequest
+
+        episodes = self._reset_chunk(chunk)
+        steps = [0] * len(chunk)
+        open_actions: dict[tuple[int, str], _OpenAction] = {}  # (env slot, agent) -> its open tool action
+        owners: dict[int, tuple[str, list[int], float, list[dict[str, Any]] | None]] = {}
+        stepping = 0.0
+
+        def step(i: int, agent: str, prompt_ids: list[int], result: Any, temp: float, tools: Any) -> None:
+            outcome = _env_step(self.envs[i], agent, _action_text(result))
+            opened = open_actions.pop((i, agent), None)
+            self._record(episodes[i], agent, prompt_ids, result, outcome, counters, temperature=temp, opened=opened)
+            if outcome.info.get("tool_turn"):  # the same agent continues: keep the exact ids
+                tr = episodes[i].transitions[-1]
+                open_actions[(i, agent)] = _OpenAction(
+                    context_ids=list(prompt_ids) + list(tr.response_ids),
+                    sampled_ids=list(tr.response_ids),
+                    tool_messages=[dict(m) for m in outcome.info.get("tool_messages") or []],
+                    tools=tools,
+                    segment=tr.segment,
+                    action_index=tr.action_key[1],
+                )
+            steps[i] += 1
+
+        def next_request(i: int) -> list[tuple[int, Any]]:
+            """Env ``i``'s next generation request ([] when its episode ended); overlong
+            prompts are stepped with "" on the way, as in the round-based loop."""
+            env, ep = self.envs[i], episodes[i]
+            while True:
+                agent = self._advance_to_live_agent(env, ep, counters)
+                if agent is None or steps[i] >= self.max_steps_per_episode:
+                    self._finish(env, ep)
+                    return []
+                role = self.agent_to_role(agent)
+                settings, sampling = self._sampling(env, agent)
+                prompt_ids, tools = self._prompt_ids(env, agent, role, open_actions.get((i, agent)), counters)
+                max_new = int(settings.get("max_new_tokens", getattr(sampling, "max_new_tokens", 256)))
+                if self.max_context is not None and len(prompt_ids) + max_new > self.max_context:
+                    room = self.max_context - len(prompt_ids)
+                    if room < 1:
+                        counters["rollout/overlong"] += 1
+                        self._overflowed(agent, len(prompt_ids), counters)
+                        step(i, agent, prompt_ids, None, 1.0, tools)
+                        continue
+                    counters["rollout/context_capped"] += 1
+                    sampling = dataclasses.replace(sampling, max_new_tokens=room) if dataclasses.is_dataclass(sampling) else sampling
+                owners[i] = (agent, prompt_ids, _temperature(sampling), tools)
+                return [(i, GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling))]
+
+        def on_done(i: int, result: Any) -> list[tuple[int, Any]]:
+            nonlocal stepping
+            t = time.perf_counter()
+            agent, prompt_ids, temp, tools = owners.pop(i)
+            step(i, agent, prompt_ids, result, temp, tools)
+            follow = next_request(i)
+            stepping += time.perf_counter() - t
+            return follow
+
+        first = [req for i in range(len(chunk)) for req in next_request(i)]
+        t_gen = time.perf_counter()
+        self.policy.generate_stream(first, on_done)
+        counters["perf/generate_s"] += time.perf_counter() - t_gen - stepping
         return episodes
 
     def _tokenizer(self, role: str) -> Any:

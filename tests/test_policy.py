@@ -428,6 +428,26 @@ def test_sample_next_draws_follow_the_distribution_and_respect_top_p():
     assert torch.equal(a, b)
 
 
+def test_the_block_search_draws_what_a_full_inverse_cdf_draws_across_block_edges():
+    from marft_algos.models.sampling import _BLOCK, _inverse_cdf
+
+    vocab = 2 * _BLOCK + 44  # the last block is padded
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(512, vocab, generator=g) ** 8  # uneven mass, many near-zero entries
+    probs[:, _BLOCK - 3 : _BLOCK + 3] = 0.0  # zero entries on both sides of a block edge (a top-p cut)
+    probs[:8] = 0.0
+    probs[:4, _BLOCK - 1] = 1.0  # all mass on a block's last entry
+    probs[4:8, vocab - 1] = 1.0  # all mass on the vocabulary's last entry (in the padded block)
+    drawn = _inverse_cdf(probs, torch.Generator().manual_seed(1))
+    # the reference: one float64 cumulative sum over the whole vocabulary, the same uniforms
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((512, 1), generator=torch.Generator().manual_seed(1), dtype=torch.float64) * cdf[:, -1:]
+    ref = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    assert torch.equal(drawn, ref)
+    assert bool((probs.gather(-1, drawn[:, None]) > 0).all())  # never a zero-probability entry
+    assert drawn[:4].tolist() == [_BLOCK - 1] * 4 and drawn[4:8].tolist() == [vocab - 1] * 4
+
+
 def test_single_adapter_decode_with_merged_weights_equals_peft_path(policy, assert_fast_path_exact):
     from marft_algos.models.sampling import SamplingParams as SP
 

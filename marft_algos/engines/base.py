@@ -14,6 +14,12 @@ A trainer or collector talks to an engine in three moves:
 3. Around the update, :meth:`GenerationEngine.sleep` / :meth:`GenerationEngine.wake_up`
    release and reacquire the engine's memory (KV cache, a second copy of the weights).
 
+Streaming: :meth:`GenerationEngine.generate_stream` takes keyed requests and a callback
+``on_done(key, result)`` that may return follow-up requests; an episode's next agent is
+submitted as soon as its predecessor's action is done. The default runs rounds of
+:meth:`generate`; the ``hf`` engine overrides it with continuous batching (follow-ups
+join the running batch, ``docs/engines.md``).
+
 The exactness contract: ``result.token_ids`` are the tokens that were sampled (EOS
 included; cut after the token that completes a stop string), and
 ``result.logprobs[j]`` is the log-prob of ``token_ids[j]`` under
@@ -26,7 +32,7 @@ two, so an engine that cannot meet it must say so and by how much.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,7 +42,27 @@ from marft_algos.models.sampling import FinishReason, GenRequest, GenResult, Sam
 if TYPE_CHECKING:
     from marft_algos.models.policy import TeamPolicy
 
-__all__ = ["FinishReason", "GenRequest", "GenResult", "GenerationEngine", "SamplingParams"]
+__all__ = ["FinishReason", "GenRequest", "GenResult", "GenerationEngine", "OnDone", "SamplingParams"]
+
+#: ``on_done(key, result)`` of :meth:`GenerationEngine.generate_stream`: the follow-up
+#: ``(key, request)`` pairs to submit (or None)
+OnDone = Callable[[Any, GenResult], "Iterable[tuple[Hashable, GenRequest]] | None"]
+
+
+def check_stream_request(key: Hashable, request: GenRequest) -> None:
+    """A streamed request is one sample: ``n > 1`` would report ``n`` results under one key."""
+    if int(request.n) != 1:
+        raise ValueError(
+            f"generate_stream takes one sample per request, got n={request.n} for key {key!r}: "
+            "submit n requests with distinct keys (identical prompts joining together are prefilled once)"
+        )
+
+
+def _round_seeds(seed: int) -> Iterator[int]:
+    """Seeds for successive rounds of a seeded stream (deterministic in ``seed``)."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        yield int(torch.randint(0, 2**31 - 1, (1,), generator=g))
 
 
 class GenerationEngine(abc.ABC):
@@ -65,6 +91,30 @@ class GenerationEngine(abc.ABC):
     def generate_groups(self, request: GenRequest, n: int, *, seed: int | None = None) -> list[GenResult]:
         """``n`` samples of one prompt (a GRPO group)."""
         return self.generate([GenRequest(request.role, list(request.prompt_ids), request.sampling, n=n)], seed=seed)
+
+    def generate_stream(
+        self, requests: Iterable[tuple[Hashable, GenRequest]], on_done: OnDone, *, seed: int | None = None
+    ) -> None:
+        """Generate keyed requests; call ``on_done(key, result)`` as each one finishes.
+
+        ``on_done`` may return follow-up ``(key, request)`` pairs, which are generated too
+        (e.g. an episode's next agent, once its predecessor's action was stepped). Returns
+        when no request is left. Each request must have ``n == 1``.
+
+        This default runs rounds: one :meth:`generate` of everything pending, then the
+        callbacks in submission order, then the next round with their follow-ups. Engines
+        with continuous batching override it (the ``hf`` engine).
+        """
+        pending = list(requests)
+        gen = None if seed is None else _round_seeds(seed)
+        while pending:
+            for key, req in pending:
+                check_stream_request(key, req)
+            results = self.generate([r for _, r in pending], seed=None if gen is None else next(gen))
+            follow: list[tuple[Hashable, GenRequest]] = []
+            for (key, _), res in zip(pending, results, strict=True):
+                follow += list(on_done(key, res) or ())
+            pending = follow
 
     @abc.abstractmethod
     def set_adapter_weights(self, role: str, state: Mapping[str, torch.Tensor]) -> None:

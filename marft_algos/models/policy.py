@@ -33,7 +33,7 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -556,6 +556,15 @@ class TeamPolicy:
     def generate_groups(self, request: GenRequest, n: int, *, seed: int | None = None) -> list[GenResult]:
         """``n`` samples of one prompt (a GRPO group): one prefill, KV cache expanded to n rows."""
         return self.engine.generate_groups(request, n, seed=seed)
+
+    def generate_stream(
+        self, requests: Iterable[tuple[Hashable, GenRequest]], on_done: Callable[[Any, GenResult], Any], *, seed: int | None = None
+    ) -> None:
+        """Generate keyed requests, calling ``on_done(key, result)`` as each finishes; the
+        ``(key, request)`` pairs it returns are generated too
+        (:meth:`~marft_algos.engines.base.GenerationEngine.generate_stream`; with the
+        ``hf`` engine they join the running batch: continuous batching)."""
+        self.engine.generate_stream(requests, on_done, seed=seed)
 
     # ------------------------------------------------------------------------------------
     # training-time log-probs
