@@ -3,7 +3,7 @@
 One training step reads like the papers::
 
     batch   = trainer.collect()              # many env copies, AEC loop, batched generation
-    trainer.compute_advantages(batch)        # fills Transition.advantage / returns / value
+    trainer.compute_advantages(batch)        # fills Transition.advantage / returns / value (+ batch.estimates)
     metrics = trainer.update(batch)          # PPO-style epochs x agents x minibatches
 
 Algorithms differ only in :meth:`Trainer.compute_advantages` and the losses
@@ -338,7 +338,9 @@ class Trainer(ABC):
 
     @abstractmethod
     def compute_advantages(self, batch: RolloutBatch) -> None:
-        """Fill ``advantage`` (and ``returns`` / ``value`` where used) of every trainable transition."""
+        """Fill ``advantage`` (and ``returns`` / ``value`` where used) of every trainable transition;
+        anything else an estimator computes per action goes to the typed ``batch.estimates``
+        (:mod:`marft_algos.estimates`), never into ``Transition.extras``."""
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-style update: epochs x agents x minibatches; returns averaged metrics."""
@@ -356,7 +358,7 @@ class Trainer(ABC):
         for epoch in range(c.ppo_epochs):
             for agent in agents:
                 if agent not in self.buffers:
-                    self.buffers[agent] = self.build_buffer(agent, batch.agent_transitions(agent))
+                    self.buffers[agent] = self.build_buffer(agent, batch)
                 buffer = self.buffers[agent]
                 turn = getattr(c, "importance_ratio", "token") == "turn"
                 keys = [t.action_key for t in buffer.transitions] if turn else None
@@ -376,9 +378,10 @@ class Trainer(ABC):
         return {k: float(np.mean(v)) for k, v in sums.items()}
 
     # ---- update internals (overridable) --------------------------------------------
-    def build_buffer(self, agent: str, transitions: list[Transition]) -> AgentBuffer:
-        """``agent``'s trainable actions as padded tensors (after :meth:`prepare_update`)."""
-        return AgentBuffer.from_transitions(agent, transitions)
+    def build_buffer(self, agent: str, batch: RolloutBatch) -> AgentBuffer:
+        """``agent``'s trainable actions of ``batch`` and their estimates as padded tensors
+        (after :meth:`prepare_update`)."""
+        return AgentBuffer.from_transitions(agent, batch.agent_transitions(agent), batch.estimates)
 
     def update_agents(self, batch: RolloutBatch) -> list[str]:
         """Agents updated at this step, in order (default: all trained agents with data)."""
@@ -421,19 +424,21 @@ class Trainer(ABC):
         yet, but not for the second agent of a shared adapter (``mode="shared"``/``"full"``),
         whose parameters the first agent's step already moved, nor when anything changed
         the policy between rollout and update; the KL cut and the KL-spike detector see it.
-        A transition that already carries ``extras["old_logp"]`` keeps it.
+        Both go to ``batch.estimates`` (``old_logp``, ``ref_logp``); an action whose
+        ``old_logp`` is already there keeps it.
         """
         use_sampler = self.sampler_logprobs_exact()
         need_ref = self.needs_reference()
+        est = batch.estimates
         with torch.no_grad():
             for agent in self.agents:
                 trs = batch.agent_transitions(agent)
                 todo: list[Transition] = []
                 for t in trs:
-                    if "old_logp" in t.extras:
+                    if est[t].old_logp is not None:
                         continue
                     if use_sampler and len(t.old_logprobs) == len(t.response_ids):
-                        t.extras["old_logp"] = [float(x) for x in t.old_logprobs]
+                        est[t].old_logp = [float(x) for x in t.old_logprobs]
                     else:
                         todo.append(t)
                 if todo:
@@ -444,7 +449,7 @@ class Trainer(ABC):
                             agent, [t.prompt_ids for t in part], [t.response_ids for t in part], temperature=self.temperature_of(part)
                         )
                         for t, lp, m in zip(part, stats.logprobs, stats.mask, strict=True):
-                            t.extras["old_logp"] = lp[m.bool()].float().cpu().tolist()
+                            est[t].old_logp = lp[m.bool()].float().cpu().tolist()
                 if not need_ref:
                     continue
                 for s in range(0, len(trs), chunk):
@@ -453,7 +458,7 @@ class Trainer(ABC):
                         agent, [t.prompt_ids for t in part], [t.response_ids for t in part], temperature=self.temperature_of(part), reference=True
                     )
                     for t, lp, m in zip(part, ref.logprobs, ref.mask, strict=True):
-                        t.extras["ref_logp"] = lp[m.bool()].float().cpu().tolist()
+                        est[t].ref_logp = lp[m.bool()].float().cpu().tolist()
 
     @staticmethod
     def temperature_of(transitions: Sequence[Transition]) -> float:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from marft_algos.algos.critic import ActionValueEstimation
 from marft_algos.algos.marft import MARFTConfig, MARFTTrainerBase, _check
 from marft_algos.buffer import action_field
 from marft_algos.losses import explained_variance
@@ -58,7 +59,7 @@ class MARFTActionConfig(MARFTConfig):
         _check(self.logprob_norm in ("sum", "token", "word"), f"logprob_norm must be 'sum', 'token' or 'word', got {self.logprob_norm!r}")
 
 
-class MARFTActionTrainer(MARFTTrainerBase):
+class MARFTActionTrainer(ActionValueEstimation, MARFTTrainerBase):
     """Action-level MARFT: chain GAE over executed actions, whole-action PPO ratios, shared critic."""
 
     config_cls = MARFTActionConfig
@@ -68,23 +69,13 @@ class MARFTActionTrainer(MARFTTrainerBase):
     loss_units = "actions"
 
     # ---- values and advantages -----------------------------------------------------------
-    def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        """``t.value = V(o)`` for every transition (no grad); non-trainable ones get 0
-        (a placeholder: the GAE passes them through, see :meth:`compute_advantages`).
-
-        With a frozen critic base the hidden states are cached in ``t.extras["critic_feat"]``
-        for the critic's training passes (see :class:`~marft_algos.algos.critic.Critic`).
-        """
-        self.critic.fill_action_values(batch.transitions, chunk)
-
     def compute_advantages(self, batch: RolloutBatch) -> None:
-        """Action-level GAE over each episode's executed chain (see module docstring)."""
+        """Action-level GAE over each episode's executed chain (see module docstring; ``V(o)``
+        from the shared critic, computed if not set)."""
         from marft_algos.advantages import action_level_gae
 
         c = self.config
-        if any(t.value is None for t in batch.transitions):
-            self.compute_values(batch)
-        trs = batch.transitions  # execution order, episodes contiguous
+        trs = self.valued_transitions(batch)
         if not trs:
             return
         adv, ret = action_level_gae(
