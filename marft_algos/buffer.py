@@ -31,6 +31,11 @@ __all__ = ["AgentBuffer", "Minibatch", "action_field", "fit_width", "token_field
 #: buffer field -> the ``Transition`` attribute it is read from (one number per action)
 ACTION_FIELDS = {"values": "value", "advantages": "advantage", "returns": "returns"}
 
+#: the per-token fields: the trainer's estimates, and the sampler's own log-probs
+#: (``Transition.old_logprobs``: the engine's numbers, which truncated importance sampling
+#: compares with the trainer's; see :meth:`marft_algos.trainer.Trainer.tis_weights`)
+TOKEN_FIELDS = (*TOKEN_ESTIMATES, "sampler_logp")
+
 
 def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
     """Crop or right-pad (with 0) the second dimension of ``x`` to ``width``."""
@@ -65,6 +70,7 @@ class _Fields:
     returns: torch.Tensor
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None
     token_values: torch.Tensor | None = None
     token_advantages: torch.Tensor | None = None
     token_returns: torch.Tensor | None = None
@@ -108,6 +114,7 @@ def _index(src: _Fields, idx: torch.Tensor) -> _Fields:
         returns=src.returns[idx],
         old_logp=take(src.old_logp),
         ref_logp=take(src.ref_logp),
+        sampler_logp=take(src.sampler_logp),
         token_values=take(src.token_values),
         token_advantages=take(src.token_advantages),
         token_returns=take(src.token_returns),
@@ -158,6 +165,8 @@ class AgentBuffer(_Fields):
             advantages=scalar("advantage"),
             returns=scalar("returns"),
         )
+        if trs and all(len(t.old_logprobs) == len(t.response_ids) for t in trs):
+            fields.sampler_logp = _padded([t.old_logprobs for t in trs])
         records = [estimates.get(t) for t in trs] if estimates is not None else [None] * len(trs)
 
         def present(name: str) -> list[Any] | None:
@@ -193,8 +202,8 @@ def token_field(mb: Sequence[Transition], name: str, width: int, device: Any = N
     A :class:`Minibatch` gives its buffer slice; a plain list of transitions carries no
     estimates (they live in the batch's store, not on the transitions): None.
     """
-    if name not in TOKEN_ESTIMATES:
-        raise KeyError(f"{name!r} is no per-token field; they are {', '.join(TOKEN_ESTIMATES)}")
+    if name not in TOKEN_FIELDS:
+        raise KeyError(f"{name!r} is no per-token field; they are {', '.join(TOKEN_FIELDS)}")
     return mb.fit(name, width, device) if isinstance(mb, Minibatch) else None
 
 

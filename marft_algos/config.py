@@ -521,6 +521,7 @@ class PPOLossConfig:
     importance_ratio: str = field(default="token", metadata={"help": "PPO ratio of the shared policy loss (GRPO, IPPO): 'token' (one per token), 'sequence' (one per transition: exp of its mean token log-ratio, GSPO) or 'turn' (ReMA: one per action, i.e. per agent and turn, over all its segments; = 'sequence' for single-segment actions). MARFT's losses have their own ratios and refuse other values."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
     beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
+    tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance sampling (TIS) cap C, used only when the engine keeps its own log-probs (engine_options logprob_source='engine'): the policy-gradient term is weighted by min(exp(trainer old log-prob - engine log-prob), C), per token (per action in action-level MARFT)."})
 
     def __post_init__(self) -> None:
         _chain_post_init(self, PPOLossConfig)
@@ -529,6 +530,7 @@ class PPOLossConfig:
         _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
         _check(self.importance_ratio in ("token", "sequence", "turn"), f"importance_ratio must be 'token', 'sequence' or 'turn', got {self.importance_ratio!r}")
         check_at_least(self, {"ent_coef": 0, "beta": 0})
+        _check(self.tis_cap > 0 and math.isfinite(self.tis_cap), f"tis_cap must be a positive finite number, got {self.tis_cap}")
 
 
 @dataclass

@@ -401,12 +401,46 @@ class Trainer(ABC):
         put rounding noise into every ratio and KL: those runs recompute the old log-probs
         with the training forward instead (one no-grad pass per step).
         """
+        if self.engine_logprobs_kept():
+            return False  # the engine's own numbers: recompute, and correct with truncated IS
         pol = self.policy
         dtype = getattr(pol, "compute_dtype", None)
         device = getattr(pol, "device", None)
         if dtype is None or device is None:
             return False  # an unknown policy: recompute, which is always consistent
         return dtype == torch.float32
+
+    def engine_logprobs_kept(self) -> bool:
+        """Did the rollout engine keep its own log-probs (``logprob_source="engine"``), which
+        differ from the trainer's forward? Then :meth:`prepare_update` recomputes the old
+        log-probs and the policy loss applies :meth:`tis_weights`."""
+        engine = getattr(self.policy, "engine", None)
+        return engine is not None and not getattr(engine, "logprobs_exact", True)
+
+    def engine_logprobs(self, mb: list[Transition], stats: Any) -> torch.Tensor | None:
+        """The engine's log-probs of the sampled tokens ``[B, T]`` when it kept its own
+        (:meth:`engine_logprobs_kept`), else None (no correction needed)."""
+        if not self.engine_logprobs_kept():
+            return None
+        lp = token_field(mb, "sampler_logp", stats.logprobs.shape[1], stats.logprobs.device)
+        if lp is None:
+            raise RuntimeError("the engine kept its own log-probs, but some actions of this minibatch have none "
+                               "(one per sampled token): truncated importance sampling cannot weight them")
+        return lp
+
+    def tis_weights(self, agent: str, mb: list[Transition], stats: Any, old_logp: torch.Tensor, metrics: dict[str, float]) -> torch.Tensor | None:
+        """Truncated importance-sampling weights ``min(exp(old - engine), tis_cap)`` per token
+        (detached; :func:`marft_algos.losses.truncated_is_weights`) when the engine kept its own
+        log-probs, else None. Logs ``agent/<a>/engine_logp_gap`` (mean ``|old - engine|``)
+        and ``agent/<a>/tis_clipped_frac``."""
+        from marft_algos import losses
+
+        engine = self.engine_logprobs(mb, stats)
+        if engine is None:
+            return None
+        weights, info = losses.truncated_is_weights(old_logp, engine, stats.mask, self.ppo_config().tis_cap)
+        metrics.update({f"agent/{agent}/{k}": float(v) for k, v in info.items()})
+        return weights
 
     def needs_reference(self) -> bool:
         """Reference log-probs are needed when the KL penalty to the reference is on."""
@@ -517,6 +551,10 @@ class Trainer(ABC):
         logp = stats.logprobs
         old_logp = self.old_logprobs(mb, stats)
         adv = self.advantages_tensor(mb, stats)
+        tis: dict[str, float] = {}
+        weights = self.tis_weights(agent, mb, stats, old_logp, tis)
+        if weights is not None:  # w >= 0: w * max(-A rho, -A clip(rho)) is the surrogate with advantages w * A
+            adv = adv * weights
         if c.importance_ratio == "token":
             loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         else:  # one ratio per transition, or per action (its tool segments together: ReMA's turn)
@@ -524,6 +562,7 @@ class Trainer(ABC):
             groups = [keys.setdefault(k, len(keys)) for k in (range(len(mb)) if c.importance_ratio == "sequence" else (t.action_key for t in mb))]
             loss, info = losses.grouped_ratio_policy_loss(logp, old_logp, adv, mask, groups, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         m = {f"agent/{agent}/{k}": float(v) for k, v in _as_metrics(info).items()}
+        m.update(tis)
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))
         m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))

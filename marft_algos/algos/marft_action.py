@@ -123,8 +123,17 @@ class MARFTActionTrainer(ActionValueEstimation, MARFTTrainerBase):
         logp = losses.action_logprob(stats.logprobs, mask, c.logprob_norm, n_words)
         old = losses.action_logprob(old_tok, mask, c.logprob_norm, n_words)
         adv = action_field(mb, "advantages", logp.dtype, logp.device)
-        loss, info = losses.ppo_policy_loss(logp, old, adv, None, eps_low=c.eps_low, eps_high=c.eps_high)
-        m = {f"agent/{agent}/{k}": float(v) for k, v in info.items()}
+        m: dict[str, float] = {}
+        pg_adv = adv
+        engine_tok = self.engine_logprobs(mb, stats)
+        if engine_tok is not None:  # the engine kept its own log-probs: one truncated IS weight per action
+            engine = losses.action_logprob(engine_tok, mask, c.logprob_norm, n_words)
+            weights, tis = losses.truncated_is_weights(old, engine, None, c.tis_cap)
+            pg_adv = adv * weights
+            m[f"agent/{agent}/tis_clipped_frac"] = float(tis["tis_clipped_frac"])
+            m[f"agent/{agent}/engine_logp_gap"] = float(losses.masked_mean((old_tok - engine_tok).abs(), mask))  # per token
+        loss, info = losses.ppo_policy_loss(logp, old, pg_adv, None, eps_low=c.eps_low, eps_high=c.eps_high)
+        m.update({f"agent/{agent}/{k}": float(v) for k, v in info.items()})
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         # per token (comparable across algorithms; watched by collapse recovery) and on the
         # ratio's own quantity, the normalised whole-action log-prob (the KL hard cut's input)

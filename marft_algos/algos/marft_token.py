@@ -143,8 +143,11 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         mask = stats.mask.float()
         old = self.old_logprobs(mb, stats)
         adv = self.advantages_tensor(mb, stats)
-        loss, info = losses.ppo_policy_loss(stats.logprobs, old, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
-        m = {f"agent/{agent}/{k}": float(v) for k, v in info.items()}
+        m: dict[str, float] = {}
+        weights = self.tis_weights(agent, mb, stats, old, m)  # the engine kept its own log-probs
+        pg_adv = adv * weights if weights is not None else adv
+        loss, info = losses.ppo_policy_loss(stats.logprobs, old, pg_adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
+        m.update({f"agent/{agent}/{k}": float(v) for k, v in info.items()})
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(stats.logprobs.detach(), old, mask))
         m[f"agent/{agent}/advantage_mean"] = float(losses.masked_mean(adv, mask))
