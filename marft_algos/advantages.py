@@ -36,6 +36,7 @@ arrays (or lists of them, per action, for tokens).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -205,6 +206,50 @@ def _hop_params(
     return gammas.astype(np.float64), lams.astype(np.float64)
 
 
+@dataclass(frozen=True)
+class _ChainEpisode:
+    """One episode's links ``start:stop`` of a chain and what every hop out of them uses."""
+
+    start: int
+    stop: int
+    gammas: np.ndarray  # discount of the hop to the next link (agent or turn hop)
+    lams: np.ndarray  # GAE lambda of that hop
+    done: np.ndarray  # 1 where the episode terminated (no bootstrap, no credit from later links)
+    tail: float  # value the last link bootstraps from (a truncated episode's ``last_values``)
+
+
+def _chain_episodes(
+    rewards: ArrayLike,
+    turns: ArrayLike,
+    episode_ids: ArrayLike | None,
+    terminal: ArrayLike | None,
+    last_values: Mapping[Any, float] | None,
+    passthrough: ArrayLike | None,
+    hops: Mapping[str, float],
+) -> tuple[np.ndarray, np.ndarray, list[_ChainEpisode]]:
+    """What :func:`action_level_gae` and :func:`token_level_backup` share: the rewards and
+    pass-through flags per action as float64, and each episode's hop discounts (``hops``:
+    ``gamma_agent, lam_agent, gamma_turn, lam_turn``), terminal flags and bootstrap tail.
+
+    Without ``terminal`` the last action of every episode is terminal, unless the episode
+    has a ``last_values`` entry (truncated: its last action bootstraps from that value).
+    """
+    r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
+    n = r.shape[0]
+    tu = _flat(turns, n, "turns")
+    term = _flat(terminal, n, "terminal") if terminal is not None else np.zeros(n)
+    skip = _flat(passthrough, n, "passthrough") if passthrough is not None else np.zeros(n)
+    last = dict(last_values or {})
+    episodes = []
+    for eid, s, e in episode_segments(episode_ids, n):
+        g, lam = _hop_params(tu[s:e], **hops)
+        d = term[s:e].copy()
+        if eid not in last and terminal is None:
+            d[-1] = 1.0
+        episodes.append(_ChainEpisode(s, e, g, lam, d, float(last.get(eid, 0.0))))
+    return r, skip, episodes
+
+
 def action_level_gae(
     rewards: ArrayLike,
     values: ArrayLike,
@@ -262,26 +307,16 @@ def action_level_gae(
         >>> action_level_gae([0.0, 0.0, 1.0], [0.5, 0.0, 0.6], [0, 0, 0], passthrough=[0, 1, 0])[0].round(4).tolist()
         [0.4419, 0.3762, 0.4]
     """
-    r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
+    hops = {"gamma_agent": gamma_agent, "lam_agent": lam_agent, "gamma_turn": gamma_turn, "lam_turn": lam_turn}
+    r, skip, episodes = _chain_episodes(rewards, turns, episode_ids, terminal, last_values, passthrough, hops)
     n = r.shape[0]
     v = _flat(values, n, "values")
-    tu = _flat(turns, n, "turns")
-    term = _flat(terminal, n, "terminal") if terminal is not None else np.zeros(n)
-    skip = _flat(passthrough, n, "passthrough") if passthrough is not None else np.zeros(n)
-    last_values = dict(last_values or {})
     adv, ret = np.zeros(n), np.zeros(n)
-    for eid, s, e in episode_segments(episode_ids, n):
-        g, lam = _hop_params(tu[s:e], gamma_agent, lam_agent, gamma_turn, lam_turn)
-        d = term[s:e].copy()
-        tail = 0.0
-        if eid in last_values:  # truncated: bootstrap the last action from the given value
-            tail = float(last_values[eid])
-        elif terminal is None:
-            d[-1] = 1.0
-        vs = _passthrough_values(r[s:e], v[s:e], g, d, tail, skip[s:e]) if skip[s:e].any() else v[s:e]
-        nv = np.append(vs[1:], tail)
-        a, rt = chain_gae(r[s:e], vs, nv, g, lam, d)
-        adv[s:e], ret[s:e] = a, rt
+    for ep in episodes:
+        s, e = ep.start, ep.stop
+        vs = _passthrough_values(r[s:e], v[s:e], ep.gammas, ep.done, ep.tail, skip[s:e]) if skip[s:e].any() else v[s:e]
+        nv = np.append(vs[1:], ep.tail)
+        adv[s:e], ret[s:e] = chain_gae(r[s:e], vs, nv, ep.gammas, ep.lams, ep.done)
     return adv, ret
 
 
@@ -344,7 +379,8 @@ def token_level_backup(
         >>> [a.round(4).tolist() for a in adv]   # token discount 1 inside an action
         [[0.7702, 0.5702], [0.4]]
     """
-    r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
+    hops = {"gamma_agent": gamma_agent, "lam_agent": lam_agent, "gamma_turn": gamma_turn, "lam_turn": lam_turn}
+    r, skip, episodes = _chain_episodes(rewards, turns, episode_ids, terminal, last_values, passthrough, hops)
     n = r.shape[0]
     if len(token_values) != n:
         raise ValueError(f"token_values has {len(token_values)} actions, rewards {n}")
@@ -352,18 +388,10 @@ def token_level_backup(
     for k, x in enumerate(tv):
         if x.shape[0] < 1:
             raise ValueError(f"action {k} has no token values (give an empty action one virtual token)")
-    tu = _flat(turns, n, "turns")
-    term = _flat(terminal, n, "terminal") if terminal is not None else np.zeros(n)
-    skip = _flat(passthrough, n, "passthrough") if passthrough is not None else np.zeros(n)
-    last_values = dict(last_values or {})
     adv_out: list[np.ndarray] = [np.zeros(0)] * n
     ret_out: list[np.ndarray] = [np.zeros(0)] * n
-    for eid, s, e in episode_segments(episode_ids, n):
-        g_act, lam_act = _hop_params(tu[s:e], gamma_agent, lam_agent, gamma_turn, lam_turn)
-        d_act = term[s:e].copy()
-        if eid not in last_values and terminal is None:
-            d_act[-1] = 1.0
-        tail = float(last_values.get(eid, 0.0))
+    for ep in episodes:
+        s, e, g_act, lam_act, d_act, tail = ep.start, ep.stop, ep.gammas, ep.lams, ep.done, ep.tail
         for k in range(e - 1, s - 1, -1):  # pass-through actions: values with zero TD error
             if skip[k]:
                 x = tv[k].copy()

@@ -2,10 +2,11 @@
 
 After the advantages are computed (and the old / reference log-probs are known), the
 trainer turns each agent's transitions into one :class:`AgentBuffer` of right-padded
-tensors, in the style of stable-baselines3's ``RolloutBuffer``: response ids and mask,
-old and reference log-probs, action values, advantages and returns, and the token-level
-fields (token values, advantages, returns) and cached critic features where the algorithm
-has them. A minibatch is then an index slice of those tensors (:meth:`AgentBuffer.minibatch`)
+tensors, in the style of stable-baselines3's ``RolloutBuffer``: response ids and mask and
+the action values, advantages and returns (typed fields of each transition), and the old
+and reference log-probs, token-level fields (token values, advantages, returns) and cached
+critic features where the algorithm has them (the batch's typed store,
+:class:`marft_algos.estimates.BatchEstimates`). A minibatch is then an index slice of those tensors (:meth:`AgentBuffer.minibatch`)
 instead of Python lists re-padded in every minibatch of every epoch.
 
 A :class:`Minibatch` is also the list of its transitions, so loss code that reads a field
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marft_algos.estimates import TOKEN_ESTIMATES, BatchEstimates
 from marft_algos.rollout import Transition, minibatch_indices
 
 __all__ = ["AgentBuffer", "Minibatch", "action_field", "fit_width", "token_field"]
@@ -29,14 +31,10 @@ __all__ = ["AgentBuffer", "Minibatch", "action_field", "fit_width", "token_field
 #: buffer field -> the ``Transition`` attribute it is read from (one number per action)
 ACTION_FIELDS = {"values": "value", "advantages": "advantage", "returns": "returns"}
 
-#: buffer field -> the ``Transition.extras`` key it is read from (per-token lists)
-TOKEN_FIELDS = {
-    "old_logp": "old_logp",
-    "ref_logp": "ref_logp",
-    "token_values": "token_values",
-    "token_advantages": "token_adv",
-    "token_returns": "token_ret",
-}
+#: the per-token fields: the trainer's estimates, and the sampler's own log-probs
+#: (``Transition.old_logprobs``: the engine's numbers, which truncated importance sampling
+#: compares with the trainer's; see :meth:`marft_algos.trainer.Trainer.tis_weights`)
+TOKEN_FIELDS = (*TOKEN_ESTIMATES, "sampler_logp")
 
 
 def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -72,6 +70,7 @@ class _Fields:
     returns: torch.Tensor
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None
     token_values: torch.Tensor | None = None
     token_advantages: torch.Tensor | None = None
     token_returns: torch.Tensor | None = None
@@ -115,6 +114,7 @@ def _index(src: _Fields, idx: torch.Tensor) -> _Fields:
         returns=src.returns[idx],
         old_logp=take(src.old_logp),
         ref_logp=take(src.ref_logp),
+        sampler_logp=take(src.sampler_logp),
         token_values=take(src.token_values),
         token_advantages=take(src.token_advantages),
         token_returns=take(src.token_returns),
@@ -139,8 +139,11 @@ class AgentBuffer(_Fields):
         return len(self.transitions)
 
     @classmethod
-    def from_transitions(cls, agent: str, transitions: Sequence[Transition]) -> AgentBuffer:
-        """Pad ``transitions``' ids, log-probs, values, advantages and returns into tensors."""
+    def from_transitions(
+        cls, agent: str, transitions: Sequence[Transition], estimates: BatchEstimates | None = None
+    ) -> AgentBuffer:
+        """Pad ``transitions``' ids, values, advantages and returns, and their ``estimates``
+        (old / reference log-probs, token-level fields, critic features), into tensors."""
         trs = list(transitions)
         ids = [t.response_ids for t in trs]
         width = max((len(r) for r in ids), default=0)
@@ -162,11 +165,22 @@ class AgentBuffer(_Fields):
             advantages=scalar("advantage"),
             returns=scalar("returns"),
         )
-        for name, key in TOKEN_FIELDS.items():
-            if trs and all(key in t.extras for t in trs):
-                setattr(fields, name, _padded([t.extras[key] for t in trs]))
-        if trs and all("critic_feat" in t.extras for t in trs):
-            feats = [torch.as_tensor(t.extras["critic_feat"]) for t in trs]
+        if trs and all(len(t.old_logprobs) == len(t.response_ids) for t in trs):
+            fields.sampler_logp = _padded([t.old_logprobs for t in trs])
+        records = [estimates.get(t) for t in trs] if estimates is not None else [None] * len(trs)
+
+        def present(name: str) -> list[Any] | None:
+            """Field ``name`` of every action's record, or None when one lacks it."""
+            got = [getattr(r, name) if r is not None else None for r in records]
+            return got if got and all(g is not None for g in got) else None
+
+        for name in TOKEN_ESTIMATES:
+            rows = present(name)
+            if rows is not None:
+                setattr(fields, name, _padded(rows))
+        feats = present("critic_features")
+        if feats is not None:
+            feats = [torch.as_tensor(f) for f in feats]
             # action level: one [H] vector per action; token level: one [L_i, H] per action
             fields.critic_features = torch.stack(feats) if feats[0].dim() == 1 else torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
         return cls(agent, trs, fields)
@@ -185,15 +199,12 @@ class AgentBuffer(_Fields):
 def token_field(mb: Sequence[Transition], name: str, width: int, device: Any = None) -> torch.Tensor | None:
     """Per-token field ``name`` of a minibatch as ``[B, width]`` float32 (None when absent).
 
-    A :class:`Minibatch` gives its buffer slice; a plain list of transitions (loss code
-    called directly) is padded from ``Transition.extras``, to the same values.
+    A :class:`Minibatch` gives its buffer slice; a plain list of transitions carries no
+    estimates (they live in the batch's store, not on the transitions): None.
     """
-    if isinstance(mb, Minibatch):
-        return mb.fit(name, width, device)
-    key = TOKEN_FIELDS[name]
-    if not mb or not all(key in t.extras for t in mb):
-        return None
-    return fit_width(_padded([t.extras[key] for t in mb]), width).to(device)
+    if name not in TOKEN_FIELDS:
+        raise KeyError(f"{name!r} is no per-token field; they are {', '.join(TOKEN_FIELDS)}")
+    return mb.fit(name, width, device) if isinstance(mb, Minibatch) else None
 
 
 def action_field(mb: Sequence[Transition], name: str, dtype: torch.dtype, device: Any = None) -> torch.Tensor:

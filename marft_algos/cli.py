@@ -55,15 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a team", add_help=False)
     t.add_argument("-h", "--help", action="store_true", help="show help (with --algo: its options)")
-    t.add_argument("--env", help="environment id (marft list-envs)")
-    t.add_argument("--algo", default="grpo", help="algorithm (marft list-algos); default grpo")
-    t.add_argument("--model", help="base model alias, Hub id or path (default smollm2-135m)")
-    t.add_argument("--steps", type=int, help="training steps")
-    t.add_argument("--out", help="run directory")
-    t.add_argument("--seed", type=int, help="random seed")
+    _add_run_arguments(t, algo="grpo")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     t.add_argument("--config", help="JSON file with config settings")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config setting (repeatable; dotted keys go into dict settings)")
 
     e = sub.add_parser("eval", help="evaluate a team on held-out problems")
     e.add_argument("--env", help="environment id (default: the checkpoint's)")
@@ -100,18 +94,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.train_parser = t  # type: ignore[attr-defined]  (for `train --help` with algorithm options)
 
     q = sub.add_parser("quickstart", help="evaluate, train and re-evaluate a duo on arith-duo-v0 (about 10 min on 2 cores)")
-    q.add_argument("--out", default="runs/quickstart")
-    q.add_argument("--env", default="arith-duo-v0")
-    q.add_argument("--algo", default="marft-action", help="algorithm (marft list-algos); default action-level MARFT")
-    q.add_argument("--model", default="smollm2-135m")
-    q.add_argument("--minutes", type=float, default=6.0, help="training time budget")
-    q.add_argument("--steps", type=int, default=1000, help="max training steps (the time budget usually ends first)")
+    _add_run_arguments(q, env="arith-duo-v0", algo="marft-action", model="smollm2-135m", steps=1000, out="runs/quickstart", seed=0)
+    q.add_argument("--minutes", type=float, default=6.0, help="training time budget (it usually ends the run before --steps)")
     q.add_argument("--eval-n", type=int, default=64, help="held-out problems per evaluation (greedy decoding)")
     q.add_argument("--env-kwargs", default=None, metavar="JSON",
                    help="keyword arguments of the env; default for arith envs: the easy level " + json.dumps(QUICKSTART_ARITH_LEVEL))
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return p
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """The options of a training run that ``train`` and ``quickstart`` share. ``defaults``:
+    the parser's own defaults; an option without one (None) leaves the setting to the config."""
+    d: dict[str, Any] = {"env": None, "algo": None, "model": None, "steps": None, "out": None, "seed": None, **defaults}
+
+    def shown(name: str, fallback: Any = None) -> str:
+        value = d[name] if d[name] is not None else fallback
+        return f" (default {value})" if value is not None else ""
+
+    parser.add_argument("--env", default=d["env"], help="environment id (marft list-envs)" + shown("env"))
+    parser.add_argument("--algo", default=d["algo"], help="algorithm (marft list-algos)" + shown("algo"))
+    parser.add_argument("--model", default=d["model"], help="base model alias, Hub id or path" + shown("model", "smollm2-135m"))
+    parser.add_argument("--steps", type=int, default=d["steps"], help="training steps" + shown("steps"))
+    parser.add_argument("--out", default=d["out"], help="run directory" + shown("out"))
+    parser.add_argument("--seed", type=int, default=d["seed"], help="random seed" + shown("seed"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config setting (repeatable; dotted keys go into dict settings)")
 
 
 def _config_flag_parser(config_cls: type) -> argparse.ArgumentParser:

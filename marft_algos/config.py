@@ -40,7 +40,7 @@ import os
 import types
 import typing
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ __all__ = [
     "MARFTConfig",
     "MARFTActionConfig",
     "MARFTTokenConfig",
+    "check_at_least",
     "check_normalization",
     "nested_fields",
     "renamed_settings",
@@ -85,6 +86,16 @@ class ConfigError(ValueError):
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+def check_at_least(cfg: Any, minimum: Mapping[str, float | tuple[float, str]], prefix: str = "") -> None:
+    """Each named setting of ``cfg`` must be >= its minimum (in the order given), else a
+    :class:`ConfigError` ``"<prefix><name> must be >= <minimum><note>, got <value>"``;
+    a minimum may come with a note on what it means, e.g. ``(0, " (0 = never)")``."""
+    for name, bound in minimum.items():
+        low, note = bound if isinstance(bound, tuple) else (bound, "")
+        value = getattr(cfg, name)
+        _check(value >= low, f"{prefix}{name} must be >= {low}{note}, got {value}")
 
 
 class _AlgorithmName:
@@ -368,8 +379,7 @@ class TrainConfig(metaclass=_ConfigMeta):
                 for key, value in sp.items():
                     if _SAMPLING_TYPES.get(key, Any) is not Any:
                         _check_type(f"{name}[{agent!r}].{key}", value, _SAMPLING_TYPES[key])
-        _check(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}")
-        _check(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
+        check_at_least(self, {"num_envs": 1, "steps": 0})
         _check(self.mode in ("lora", "shared", "full"), f"mode must be 'lora', 'shared' or 'full', got {self.mode!r}")
         _check(self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive finite number, got {self.lr}"
                + ("; to keep agents fixed, list them in frozen_agents" if self.lr == 0 else ""))
@@ -377,18 +387,14 @@ class TrainConfig(metaclass=_ConfigMeta):
             _check(lr > 0 and math.isfinite(lr), f"lr_per_agent[{agent!r}] must be positive, got {lr}"
                    + ("; to keep an agent fixed, list it in frozen_agents" if lr == 0 else ""))
         _check(self.lr_scheduler in ("constant", "linear"), f"lr_scheduler must be 'constant' or 'linear', got {self.lr_scheduler!r}")
-        _check(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        _check(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
-        _check(self.num_minibatches >= 1, f"num_minibatches must be >= 1, got {self.num_minibatches}")
-        _check(self.max_context >= 8, f"max_context must be >= 8 tokens, got {self.max_context}")
-        _check(self.lora_r >= 1, f"lora_r must be >= 1, got {self.lora_r}")
+        check_at_least(self, {
+            "warmup_steps": 0, "ppo_epochs": 1, "num_minibatches": 1, "max_context": (8, " tokens"), "lora_r": 1,
+        })
         _check(self.lora_alpha > 0, f"lora_alpha must be > 0 (the adapter's scale is alpha / r), got {self.lora_alpha}")
-        _check(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
-        _check(self.save_every >= 0, f"save_every must be >= 0 (0 = only at the end), got {self.save_every}")
-        _check(self.keep_checkpoints >= 0, f"keep_checkpoints must be >= 0 (0 = keep all), got {self.keep_checkpoints}")
-        _check(self.transcript_every >= 0, f"transcript_every must be >= 0 (0 = never), got {self.transcript_every}")
-        _check(self.transcripts_per_step >= 0, f"transcripts_per_step must be >= 0, got {self.transcripts_per_step}")
-        _check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        check_at_least(self, {
+            "log_every": 1, "save_every": (0, " (0 = only at the end)"), "keep_checkpoints": (0, " (0 = keep all)"),
+            "transcript_every": (0, " (0 = never)"), "transcripts_per_step": 0, "weight_decay": 0,
+        })
         _check(self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}")
         _check(self.device == "auto" or _valid_device(self.device),
                f"unknown device {self.device!r}; use 'auto', 'cpu', 'cuda', 'cuda:<index>', 'mps' or another torch device string")
@@ -515,6 +521,7 @@ class PPOLossConfig:
     importance_ratio: str = field(default="token", metadata={"help": "PPO ratio of the shared policy loss (GRPO, IPPO): 'token' (one per token), 'sequence' (one per transition: exp of its mean token log-ratio, GSPO) or 'turn' (ReMA: one per action, i.e. per agent and turn, over all its segments; = 'sequence' for single-segment actions). MARFT's losses have their own ratios and refuse other values."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
     beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
+    tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance sampling (TIS) cap C, used only when the engine keeps its own log-probs (engine_options logprob_source='engine'): the policy-gradient term is weighted by min(exp(trainer old log-prob - engine log-prob), C), per token (per action in action-level MARFT)."})
 
     def __post_init__(self) -> None:
         _chain_post_init(self, PPOLossConfig)
@@ -522,8 +529,8 @@ class PPOLossConfig:
         _check(self.eps_high >= self.eps_low, f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low}) (clip-higher widens the upper range)")
         _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
         _check(self.importance_ratio in ("token", "sequence", "turn"), f"importance_ratio must be 'token', 'sequence' or 'turn', got {self.importance_ratio!r}")
-        _check(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}")
-        _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
+        check_at_least(self, {"ent_coef": 0, "beta": 0})
+        _check(self.tis_cap > 0 and math.isfinite(self.tis_cap), f"tis_cap must be a positive finite number, got {self.tis_cap}")
 
 
 @dataclass
@@ -568,8 +575,7 @@ class RecoveryConfig:
 
     def __post_init__(self) -> None:
         _check(0 < self.lr_factor <= 1, f"recovery.lr_factor must be in (0, 1], got {self.lr_factor}")
-        _check(self.every >= 1, f"recovery.every must be >= 1, got {self.every}")
-        _check(self.max_rollbacks >= 0, f"recovery.max_rollbacks must be >= 0, got {self.max_rollbacks}")
+        check_at_least(self, {"every": 1, "max_rollbacks": 0}, prefix="recovery.")
         _check(
             self.reward_drop is None or 0 < self.reward_drop < 1,
             f"recovery.reward_drop must be in (0, 1) or None, got {self.reward_drop}",

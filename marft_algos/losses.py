@@ -27,6 +27,7 @@ __all__ = [
     "ppo_policy_loss",
     "grouped_ratio_policy_loss",
     "group_log_ratio",
+    "truncated_is_weights",
     "huber",
     "value_loss",
     "approx_kl",
@@ -243,6 +244,51 @@ def grouped_ratio_policy_loss(
     log_s = group_log_ratio(logp, old_logp, mask, groups)
     per_token = log_s[:, None].expand_as(logp)
     return ppo_policy_loss(per_token, torch.zeros_like(per_token), advantages, mask, eps_low=eps_low, eps_high=eps_high, agg=agg)
+
+
+def truncated_is_weights(
+    old_logp: torch.Tensor,
+    sampler_logp: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    cap: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Truncated importance-sampling weights (TIS, Yao et al. 2025) for actions sampled by
+    an engine whose log-probs differ from the trainer's (vLLM's kernels, bf16)::
+
+        w = min(exp(old_logp - sampler_logp), cap)          (no gradient)
+
+    ``old_logp`` are the trainer's log-probs of the behaviour policy, ``sampler_logp`` the
+    engine's for the same tokens. Multiplying the PPO policy-gradient term by ``w``
+    corrects for the engine having sampled from a slightly different distribution; the cap
+    bounds the variance. Since ``w >= 0``, ``w * max(-A rho, -A clip(rho))`` equals the
+    clipped surrogate with advantages ``w * A``, which is how the trainers apply it.
+    Per token (``[B, T]`` with a mask) or per action (``[B]``, ``mask=None``).
+
+    Returns:
+        ``(weights, stats)``: weights like ``old_logp`` (1 at masked-out entries), and
+        detached ``engine_logp_gap`` (mean ``|old_logp - sampler_logp|`` over the real
+        entries) and ``tis_clipped_frac`` (fraction of real entries whose ratio exceeds ``cap``).
+
+    Example: log-ratios 0.5 and 1.0 with the cap 2: ``e^0.5 = 1.65`` stays, ``e^1 = 2.72`` is cut::
+
+        >>> w, st = truncated_is_weights(torch.tensor([0.0, 0.0]), torch.tensor([-0.5, -1.0]))
+        >>> [round(x, 4) for x in w.tolist()], st["engine_logp_gap"].item(), st["tis_clipped_frac"].item()
+        ([1.6487, 2.0], 0.75, 0.5)
+    """
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    with torch.no_grad():
+        m = _mask_like(old_logp, mask)
+        diff = (old_logp - sampler_logp.to(old_logp.dtype)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        diff = torch.where(m, diff, torch.zeros_like(diff))
+        ratio = torch.exp(diff)
+        weights = ratio.clamp(max=cap)
+        n = m.float().sum().clamp_min(1)
+        stats = {
+            "engine_logp_gap": masked_mean(diff.abs(), m),
+            "tis_clipped_frac": ((ratio > cap) & m).float().sum() / n,
+        }
+    return weights, stats
 
 
 def huber(error: torch.Tensor, delta: float = 1.0) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 
 from marft_algos.config import ConfigError
 
-__all__ = ["REWARD_SOURCES", "env_has_team_reward", "resolve_reward_source", "trainer_reward_source"]
+__all__ = ["REWARD_SOURCES", "RewardSourceSetting", "env_has_team_reward", "resolve_reward_source", "trainer_reward_source"]
 
 #: Accepted values of the trainers' ``reward_source`` setting.
 REWARD_SOURCES = ("auto", "team", "agent")
@@ -76,3 +76,20 @@ def trainer_reward_source(trainer: Any, algo: str) -> str:
     if requested not in cache:
         cache[requested] = resolve_reward_source(requested, trainer.collector.envs[0], algo)
     return cache[requested]
+
+
+class RewardSourceSetting:
+    """Mixin of the trainers with a ``reward_source`` setting (GRPO, IPPO): its effective value.
+
+    A trainer reads ``self.reward_source`` once in its ``__init__`` so that a wrong setting
+    fails at construction, not mid-run.
+    """
+
+    config: Any
+    collector: Any
+
+    @property
+    def reward_source(self) -> str:
+        """The effective reward source: ``config.reward_source`` with ``"auto"`` resolved
+        (``"agent"`` for envs without a team reward, e.g. games; see :mod:`marft_algos.reward_source`)."""
+        return trainer_reward_source(self, self.config.algo or type(self).__name__)

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from marft_algos.estimates import BatchEstimates
 from marft_envs.testing import check_step_output
 
 _log = logging.getLogger("marft")
@@ -95,10 +96,11 @@ class Transition:
         info: the env's info dict for the agent after the step (JSON-safe parts).
         trainable: False for actions that must not be trained on (overlong prompts).
         value / advantage / returns: filled by the trainer's advantage estimator.
-        extras: what the estimators and ``prepare_update`` attach per action (token
-            values / advantages / returns, old and reference log-probs, cached critic
-            features); the update reads them once, as the padded tensors of
-            :class:`marft_algos.buffer.AgentBuffer`.
+        extras: what the collector attaches per action beyond the fields above (the chat
+            ``prompt`` messages, for transcripts). The trainer's own per-action numbers
+            (old / reference log-probs, token values / advantages / returns, cached critic
+            features) are never written here: they live in the batch's typed store,
+            :attr:`RolloutBatch.estimates` (:mod:`marft_algos.estimates`).
     """
 
     episode_id: int
@@ -209,10 +211,16 @@ class Episode:
 
 @dataclass
 class RolloutBatch:
-    """The episodes of one training step plus rollout metrics (namespaced keys)."""
+    """The episodes of one training step plus rollout metrics (namespaced keys).
+
+    ``estimates`` is the trainer's typed store of what it computes per action (old /
+    reference log-probs, token-level values / advantages / returns, cached critic
+    features; see :mod:`marft_algos.estimates`): empty when the collector returns the batch.
+    """
 
     episodes: list[Episode]
     metrics: dict[str, float] = field(default_factory=dict)
+    estimates: BatchEstimates = field(default_factory=BatchEstimates, repr=False, compare=False)
 
     @property
     def transitions(self) -> list[Transition]:

@@ -3,7 +3,7 @@
 One training step reads like the papers::
 
     batch   = trainer.collect()              # many env copies, AEC loop, batched generation
-    trainer.compute_advantages(batch)        # fills Transition.advantage / returns / value
+    trainer.compute_advantages(batch)        # fills Transition.advantage / returns / value (+ batch.estimates)
     metrics = trainer.update(batch)          # PPO-style epochs x agents x minibatches
 
 Algorithms differ only in :meth:`Trainer.compute_advantages` and the losses
@@ -338,7 +338,9 @@ class Trainer(ABC):
 
     @abstractmethod
     def compute_advantages(self, batch: RolloutBatch) -> None:
-        """Fill ``advantage`` (and ``returns`` / ``value`` where used) of every trainable transition."""
+        """Fill ``advantage`` (and ``returns`` / ``value`` where used) of every trainable transition;
+        anything else an estimator computes per action goes to the typed ``batch.estimates``
+        (:mod:`marft_algos.estimates`), never into ``Transition.extras``."""
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO-style update: epochs x agents x minibatches; returns averaged metrics."""
@@ -356,7 +358,7 @@ class Trainer(ABC):
         for epoch in range(c.ppo_epochs):
             for agent in agents:
                 if agent not in self.buffers:
-                    self.buffers[agent] = self.build_buffer(agent, batch.agent_transitions(agent))
+                    self.buffers[agent] = self.build_buffer(agent, batch)
                 buffer = self.buffers[agent]
                 turn = getattr(c, "importance_ratio", "token") == "turn"
                 keys = [t.action_key for t in buffer.transitions] if turn else None
@@ -376,9 +378,10 @@ class Trainer(ABC):
         return {k: float(np.mean(v)) for k, v in sums.items()}
 
     # ---- update internals (overridable) --------------------------------------------
-    def build_buffer(self, agent: str, transitions: list[Transition]) -> AgentBuffer:
-        """``agent``'s trainable actions as padded tensors (after :meth:`prepare_update`)."""
-        return AgentBuffer.from_transitions(agent, transitions)
+    def build_buffer(self, agent: str, batch: RolloutBatch) -> AgentBuffer:
+        """``agent``'s trainable actions of ``batch`` and their estimates as padded tensors
+        (after :meth:`prepare_update`)."""
+        return AgentBuffer.from_transitions(agent, batch.agent_transitions(agent), batch.estimates)
 
     def update_agents(self, batch: RolloutBatch) -> list[str]:
         """Agents updated at this step, in order (default: all trained agents with data)."""
@@ -398,12 +401,46 @@ class Trainer(ABC):
         put rounding noise into every ratio and KL: those runs recompute the old log-probs
         with the training forward instead (one no-grad pass per step).
         """
+        if self.engine_logprobs_kept():
+            return False  # the engine's own numbers: recompute, and correct with truncated IS
         pol = self.policy
         dtype = getattr(pol, "compute_dtype", None)
         device = getattr(pol, "device", None)
         if dtype is None or device is None:
             return False  # an unknown policy: recompute, which is always consistent
         return dtype == torch.float32
+
+    def engine_logprobs_kept(self) -> bool:
+        """Did the rollout engine keep its own log-probs (``logprob_source="engine"``), which
+        differ from the trainer's forward? Then :meth:`prepare_update` recomputes the old
+        log-probs and the policy loss applies :meth:`tis_weights`."""
+        engine = getattr(self.policy, "engine", None)
+        return engine is not None and not getattr(engine, "logprobs_exact", True)
+
+    def engine_logprobs(self, mb: list[Transition], stats: Any) -> torch.Tensor | None:
+        """The engine's log-probs of the sampled tokens ``[B, T]`` when it kept its own
+        (:meth:`engine_logprobs_kept`), else None (no correction needed)."""
+        if not self.engine_logprobs_kept():
+            return None
+        lp = token_field(mb, "sampler_logp", stats.logprobs.shape[1], stats.logprobs.device)
+        if lp is None:
+            raise RuntimeError("the engine kept its own log-probs, but some actions of this minibatch have none "
+                               "(one per sampled token): truncated importance sampling cannot weight them")
+        return lp
+
+    def tis_weights(self, agent: str, mb: list[Transition], stats: Any, old_logp: torch.Tensor, metrics: dict[str, float]) -> torch.Tensor | None:
+        """Truncated importance-sampling weights ``min(exp(old - engine), tis_cap)`` per token
+        (detached; :func:`marft_algos.losses.truncated_is_weights`) when the engine kept its own
+        log-probs, else None. Logs ``agent/<a>/engine_logp_gap`` (mean ``|old - engine|``)
+        and ``agent/<a>/tis_clipped_frac``."""
+        from marft_algos import losses
+
+        engine = self.engine_logprobs(mb, stats)
+        if engine is None:
+            return None
+        weights, info = losses.truncated_is_weights(old_logp, engine, stats.mask, self.ppo_config().tis_cap)
+        metrics.update({f"agent/{agent}/{k}": float(v) for k, v in info.items()})
+        return weights
 
     def needs_reference(self) -> bool:
         """Reference log-probs are needed when the KL penalty to the reference is on."""
@@ -421,19 +458,21 @@ class Trainer(ABC):
         yet, but not for the second agent of a shared adapter (``mode="shared"``/``"full"``),
         whose parameters the first agent's step already moved, nor when anything changed
         the policy between rollout and update; the KL cut and the KL-spike detector see it.
-        A transition that already carries ``extras["old_logp"]`` keeps it.
+        Both go to ``batch.estimates`` (``old_logp``, ``ref_logp``); an action whose
+        ``old_logp`` is already there keeps it.
         """
         use_sampler = self.sampler_logprobs_exact()
         need_ref = self.needs_reference()
+        est = batch.estimates
         with torch.no_grad():
             for agent in self.agents:
                 trs = batch.agent_transitions(agent)
                 todo: list[Transition] = []
                 for t in trs:
-                    if "old_logp" in t.extras:
+                    if est[t].old_logp is not None:
                         continue
                     if use_sampler and len(t.old_logprobs) == len(t.response_ids):
-                        t.extras["old_logp"] = [float(x) for x in t.old_logprobs]
+                        est[t].old_logp = [float(x) for x in t.old_logprobs]
                     else:
                         todo.append(t)
                 if todo:
@@ -444,7 +483,7 @@ class Trainer(ABC):
                             agent, [t.prompt_ids for t in part], [t.response_ids for t in part], temperature=self.temperature_of(part)
                         )
                         for t, lp, m in zip(part, stats.logprobs, stats.mask, strict=True):
-                            t.extras["old_logp"] = lp[m.bool()].float().cpu().tolist()
+                            est[t].old_logp = lp[m.bool()].float().cpu().tolist()
                 if not need_ref:
                     continue
                 for s in range(0, len(trs), chunk):
@@ -453,7 +492,7 @@ class Trainer(ABC):
                         agent, [t.prompt_ids for t in part], [t.response_ids for t in part], temperature=self.temperature_of(part), reference=True
                     )
                     for t, lp, m in zip(part, ref.logprobs, ref.mask, strict=True):
-                        t.extras["ref_logp"] = lp[m.bool()].float().cpu().tolist()
+                        est[t].ref_logp = lp[m.bool()].float().cpu().tolist()
 
     @staticmethod
     def temperature_of(transitions: Sequence[Transition]) -> float:
@@ -512,6 +551,10 @@ class Trainer(ABC):
         logp = stats.logprobs
         old_logp = self.old_logprobs(mb, stats)
         adv = self.advantages_tensor(mb, stats)
+        tis: dict[str, float] = {}
+        weights = self.tis_weights(agent, mb, stats, old_logp, tis)
+        if weights is not None:  # w >= 0: w * max(-A rho, -A clip(rho)) is the surrogate with advantages w * A
+            adv = adv * weights
         if c.importance_ratio == "token":
             loss, info = losses.ppo_policy_loss(logp, old_logp, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         else:  # one ratio per transition, or per action (its tool segments together: ReMA's turn)
@@ -519,6 +562,7 @@ class Trainer(ABC):
             groups = [keys.setdefault(k, len(keys)) for k in (range(len(mb)) if c.importance_ratio == "sequence" else (t.action_key for t in mb))]
             loss, info = losses.grouped_ratio_policy_loss(logp, old_logp, adv, mask, groups, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         m = {f"agent/{agent}/{k}": float(v) for k, v in _as_metrics(info).items()}
+        m.update(tis)
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(logp.detach(), old_logp, mask))
         m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.marft_checks import reference_action_gae
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,24 +68,6 @@ def test_chain_gae_concatenated_episodes_reset_at_terminal() -> None:
 # --------------------------------------------------------------------------------------
 # action level
 # --------------------------------------------------------------------------------------
-
-
-def reference_action_gae(r: np.ndarray, V: np.ndarray, masks: np.ndarray, g: float, lam: float):
-    """The reference's loop, transcribed: r, V are [T, N]; V has a row T (next value); masks[T+1]."""
-    T, N = r.shape
-    adv, ret = np.zeros((T, N)), np.zeros((T, N))
-    gae = 0.0
-    for t in reversed(range(T)):
-        for i in reversed(range(N)):
-            if i == N - 1:
-                delta = r[t, i] + g * V[t + 1, 0] * masks[t + 1] - V[t, i]
-                gae = delta + g * lam * masks[t + 1] * gae
-            else:
-                delta = r[t, i] + g * V[t, i + 1] - V[t, i]
-                gae = delta + g * lam * gae
-            adv[t, i] = gae
-            ret[t, i] = gae + V[t, i]
-    return adv, ret
 
 
 def test_action_level_two_agents_two_turns_matches_reference_recursion() -> None:

@@ -328,7 +328,7 @@ def test_the_vllm_engine_refuses_what_it_cannot_serve(policy):
     with pytest.raises(ValueError, match="built in code"):
         vllm_engine(policy)
     with pytest.raises(ValueError, match="logprob_source"):
-        vllm_engine(policy, logprob_source="engine")
+        vllm_engine(policy, logprob_source="sampler")  # neither "trainer" nor "engine"
 
 
 def test_config_selects_and_validates_the_engine():

@@ -24,11 +24,14 @@ policy (with the policy's adapters disabled while values are computed).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["Critic"]
+if TYPE_CHECKING:
+    from marft_algos.rollout import RolloutBatch, Transition
+
+__all__ = ["ActionValueEstimation", "Critic"]
 
 
 class Critic:
@@ -108,13 +111,14 @@ class Critic:
         """``V(o)`` for each prompt -> ``[B]`` (with grad unless under ``no_grad``)."""
         return self.vm.values(agent, prompts).reshape(len(prompts)).float()
 
-    def fill_action_values(self, transitions: Sequence[Any], chunk: int = 16) -> None:
-        """``t.value = V(o)`` for every transition (no grad), ``chunk`` prompts per forward.
+    def fill_action_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
+        """``t.value = V(o)`` for every transition of ``batch`` (no grad), ``chunk`` prompts per forward.
 
         Non-trainable transitions (over-long prompts) get a placeholder 0 that the GAE
         passes through. With a cacheable base the hidden states are kept in
-        ``t.extras["critic_feat"]`` for :meth:`minibatch_action_values`.
+        ``batch.estimates[t].critic_features`` for :meth:`minibatch_action_values`.
         """
+        transitions = batch.transitions
         cache = self.can_cache
         with torch.no_grad():
             for agent in self.agents:
@@ -129,7 +133,7 @@ class Critic:
                         feats = self.action_features(agent, prompts)
                         vals = self.head_values(agent, feats).reshape(len(part)).float().cpu().tolist()
                         for t, f in zip(part, feats, strict=True):
-                            t.extras["critic_feat"] = f
+                            batch.estimates[t].critic_features = f
                     else:
                         vals = self.action_values(agent, prompts).cpu().tolist()
                     for t, v in zip(part, vals, strict=True):
@@ -137,11 +141,33 @@ class Critic:
 
     def minibatch_action_values(self, agent: str, mb: Sequence[Any]) -> torch.Tensor:
         """``V(o)`` of a training minibatch -> ``[B]`` with grad: the head on the features
-        cached by :meth:`fill_action_values`, else a full forward."""
-        if all("critic_feat" in t.extras for t in mb):
-            return self.head_values(agent, torch.stack([t.extras["critic_feat"] for t in mb])).reshape(len(mb)).float()
+        cached by :meth:`fill_action_values` (a buffer :class:`~marft_algos.buffer.Minibatch`
+        holds them), else a full forward."""
+        feats = getattr(mb, "critic_features", None)
+        if feats is not None:
+            return self.head_values(agent, feats).reshape(len(mb)).float()
         return self.action_values(agent, [t.prompt_ids for t in mb])
 
     def token_values(self, agent: str, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
         """``V(o, a_{<j})`` for every response token -> ``[B, T]`` left-aligned, T = longest response."""
         return self.vm.token_values(agent, prompts, responses).float()
+
+
+class ActionValueEstimation:
+    """Mixin of the trainers whose estimator reads one ``V(o)`` per action from ``self.critic``
+    (action-level MARFT, IPPO): the values are computed once per batch, before the GAE."""
+
+    critic: Critic
+
+    def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
+        """``t.value = V(o)`` for every transition (no grad); non-trainable ones get 0
+        (a placeholder: the GAE passes them through). With a frozen critic base the hidden
+        states are cached in ``batch.estimates`` for the critic's training passes."""
+        self.critic.fill_action_values(batch, chunk)
+
+    def valued_transitions(self, batch: RolloutBatch) -> list[Transition]:
+        """``batch.transitions`` (execution order, episodes contiguous), their values computed
+        first unless every one has its value already."""
+        if any(t.value is None for t in batch.transitions):
+            self.compute_values(batch)
+        return batch.transitions

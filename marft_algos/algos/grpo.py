@@ -34,6 +34,7 @@ from marft_algos.config import (
     check_normalization,
     with_default,
 )
+from marft_algos.reward_source import RewardSourceSetting
 from marft_algos.rollout import Episode, RolloutBatch, Transition
 from marft_algos.trainer import Trainer
 
@@ -82,7 +83,7 @@ class GRPOConfig(PPOLossConfig, TrainConfig):
             raise ConfigError(f"max_resample_tries must be >= 0, got {self.max_resample_tries}")
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(RewardSourceSetting, Trainer):
     """GRPO: group-relative advantages, clipped surrogate, optional KL to the reference."""
 
     config_cls = GRPOConfig
@@ -92,14 +93,6 @@ class GRPOTrainer(Trainer):
         self.group_size = config.group_size
         super().__init__(config, **kwargs)
         _ = self.reward_source  # resolve now: a wrong setting fails at construction, not mid-run
-
-    @property
-    def reward_source(self) -> str:
-        """The effective reward source: ``config.reward_source`` with ``"auto"`` resolved
-        (``"agent"`` for envs without a team reward, e.g. games; see :mod:`marft_algos.reward_source`)."""
-        from marft_algos.reward_source import trainer_reward_source
-
-        return trainer_reward_source(self, "grpo")
 
     # ---- rollouts with DAPO dynamic sampling ----------------------------------------
     def collect(self) -> RolloutBatch:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marft_algos.algos.critic import ActionValueEstimation, Critic
 from marft_algos.buffer import action_field
 from marft_algos.config import (
     ConfigError,
@@ -40,6 +41,7 @@ from marft_algos.config import (
     with_default,
 )
 from marft_algos.losses import explained_variance
+from marft_algos.reward_source import RewardSourceSetting
 from marft_algos.rollout import RolloutBatch, Transition
 from marft_algos.trainer import Trainer, value_key
 
@@ -80,7 +82,7 @@ class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
         check_normalization(self.normalize_advantages, ("none", "batch", "agent"), "ippo")
 
 
-class IPPOTrainer(Trainer):
+class IPPOTrainer(ActionValueEstimation, RewardSourceSetting, Trainer):
     """Independent PPO: per-agent value heads on the frozen base, per-agent GAE."""
 
     config_cls = IPPOConfig
@@ -91,25 +93,16 @@ class IPPOTrainer(Trainer):
         super().__init__(config, **kwargs)
         _ = self.reward_source  # resolve now: a wrong setting fails at construction, not mid-run
 
-    @property
-    def reward_source(self) -> str:
-        """The effective reward source: ``config.reward_source`` with ``"auto"`` resolved
-        (``"agent"`` for envs without a team reward, e.g. games; see :mod:`marft_algos.reward_source`)."""
-        from marft_algos.reward_source import trainer_reward_source
-
-        return trainer_reward_source(self, "ippo")
-
     # ---- modules ---------------------------------------------------------------------
     def setup(self) -> None:
         """Build the per-agent value heads on the frozen base (or take the given value model)."""
-        from marft_algos.algos.critic import Critic
         from marft_algos.models import ValueModel
 
         vm = self._value_model_arg
         self.value_model = vm if vm is not None else ValueModel(self.policy, per_agent=True)
         # the heads sit on the frozen base: its hidden states are computed once per step
         # (at advantage time) and the value loss only runs the heads on them
-        self._critic = Critic(self.policy, self.agents, per_agent=True, value_model=self.value_model)
+        self.critic = Critic(self.policy, self.agents, per_agent=True, value_model=self.value_model)
 
     def value_parameters(self, agent: str) -> list[torch.nn.Parameter]:
         """The trainable parameters of ``agent``'s value head."""
@@ -132,21 +125,14 @@ class IPPOTrainer(Trainer):
     # ---- values and advantages --------------------------------------------------------
     def values_of(self, agent: str, prompts: list[list[int]]) -> torch.Tensor:
         """``V_agent(o)`` for each prompt -> ``[B]`` (with grad unless under ``no_grad``)."""
-        return self._critic.action_values(agent, prompts)
-
-    def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        """V_i(o) for every transition of agent i (no grad); over-long prompts get a
-        placeholder 0 (the GAE passes them through)."""
-        self._critic.fill_action_values(batch.transitions, chunk)
+        return self.critic.action_values(agent, prompts)
 
     def compute_advantages(self, batch: RolloutBatch) -> None:
-        """Per-agent GAE over each agent's own chain (values are computed if not set)."""
+        """Per-agent GAE over each agent's own chain (``V_i(o)`` from agent i's head, computed if not set)."""
         from marft_algos.advantages import per_agent_gae
 
         c = self.config
-        if any(t.value is None for t in batch.transitions):
-            self.compute_values(batch)
-        trs = batch.transitions  # execution order, episodes contiguous
+        trs = self.valued_transitions(batch)
         if not trs:
             return
         # own rewards: those credited to the action (t.reward, read right after the agent's own
@@ -201,7 +187,7 @@ class IPPOTrainer(Trainer):
         from marft_algos import losses
 
         c = self.config
-        v = self._critic.minibatch_action_values(agent, mb)
+        v = self.critic.minibatch_action_values(agent, mb)
         returns = action_field(mb, "returns", v.dtype, v.device)
         old_v = action_field(mb, "values", v.dtype, v.device)
         vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss, delta=c.huber_delta)

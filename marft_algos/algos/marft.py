@@ -27,6 +27,7 @@ from marft_algos.config import (
     RecoveryConfig,
     Renamed,
     TrainConfig,
+    check_at_least,
     check_normalization,
 )
 from marft_algos.rollout import RolloutBatch, Transition
@@ -82,8 +83,7 @@ class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
         _check(self.kl_threshold is None or self.kl_threshold > 0, f"kl_threshold must be > 0 or None, got {self.kl_threshold}")
         # the critic's optimizer is stepped by vf_coef * its loss alone: 0 would freeze it
         _check(self.vf_coef > 0, f"vf_coef must be > 0, got {self.vf_coef}")
-        _check(self.critic_warmup_steps >= 0, f"critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
-        _check(self.agent_interval >= 1, f"agent_interval must be >= 1, got {self.agent_interval}")
+        check_at_least(self, {"critic_warmup_steps": 0, "agent_interval": 1})
         _check(self.importance_ratio == "token", f"{type(self).__name__} has its own ratios (per action or per token); "
                f"importance_ratio={self.importance_ratio!r} is for GRPO and IPPO: leave it at 'token'")
         _check(

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from marft_algos.algos.critic import ActionValueEstimation
 from marft_algos.algos.marft import MARFTConfig, MARFTTrainerBase, _check
 from marft_algos.buffer import action_field
 from marft_algos.losses import explained_variance
@@ -58,7 +59,7 @@ class MARFTActionConfig(MARFTConfig):
         _check(self.logprob_norm in ("sum", "token", "word"), f"logprob_norm must be 'sum', 'token' or 'word', got {self.logprob_norm!r}")
 
 
-class MARFTActionTrainer(MARFTTrainerBase):
+class MARFTActionTrainer(ActionValueEstimation, MARFTTrainerBase):
     """Action-level MARFT: chain GAE over executed actions, whole-action PPO ratios, shared critic."""
 
     config_cls = MARFTActionConfig
@@ -68,23 +69,13 @@ class MARFTActionTrainer(MARFTTrainerBase):
     loss_units = "actions"
 
     # ---- values and advantages -----------------------------------------------------------
-    def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        """``t.value = V(o)`` for every transition (no grad); non-trainable ones get 0
-        (a placeholder: the GAE passes them through, see :meth:`compute_advantages`).
-
-        With a frozen critic base the hidden states are cached in ``t.extras["critic_feat"]``
-        for the critic's training passes (see :class:`~marft_algos.algos.critic.Critic`).
-        """
-        self.critic.fill_action_values(batch.transitions, chunk)
-
     def compute_advantages(self, batch: RolloutBatch) -> None:
-        """Action-level GAE over each episode's executed chain (see module docstring)."""
+        """Action-level GAE over each episode's executed chain (see module docstring; ``V(o)``
+        from the shared critic, computed if not set)."""
         from marft_algos.advantages import action_level_gae
 
         c = self.config
-        if any(t.value is None for t in batch.transitions):
-            self.compute_values(batch)
-        trs = batch.transitions  # execution order, episodes contiguous
+        trs = self.valued_transitions(batch)
         if not trs:
             return
         adv, ret = action_level_gae(
@@ -132,8 +123,17 @@ class MARFTActionTrainer(MARFTTrainerBase):
         logp = losses.action_logprob(stats.logprobs, mask, c.logprob_norm, n_words)
         old = losses.action_logprob(old_tok, mask, c.logprob_norm, n_words)
         adv = action_field(mb, "advantages", logp.dtype, logp.device)
-        loss, info = losses.ppo_policy_loss(logp, old, adv, None, eps_low=c.eps_low, eps_high=c.eps_high)
-        m = {f"agent/{agent}/{k}": float(v) for k, v in info.items()}
+        m: dict[str, float] = {}
+        pg_adv = adv
+        engine_tok = self.engine_logprobs(mb, stats)
+        if engine_tok is not None:  # the engine kept its own log-probs: one truncated IS weight per action
+            engine = losses.action_logprob(engine_tok, mask, c.logprob_norm, n_words)
+            weights, tis = losses.truncated_is_weights(old, engine, None, c.tis_cap)
+            pg_adv = adv * weights
+            m[f"agent/{agent}/tis_clipped_frac"] = float(tis["tis_clipped_frac"])
+            m[f"agent/{agent}/engine_logp_gap"] = float(losses.masked_mean((old_tok - engine_tok).abs(), mask))  # per token
+        loss, info = losses.ppo_policy_loss(logp, old, pg_adv, None, eps_low=c.eps_low, eps_high=c.eps_high)
+        m.update({f"agent/{agent}/{k}": float(v) for k, v in info.items()})
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         # per token (comparable across algorithms; watched by collapse recovery) and on the
         # ratio's own quantity, the normalised whole-action log-prob (the KL hard cut's input)

@@ -60,13 +60,14 @@ class MARFTTokenTrainer(MARFTTrainerBase):
 
     # ---- values and advantages -------------------------------------------------------------
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        """``t.extras["token_values"]``: one value per response token (no grad).
+        """``batch.estimates[t].token_values``: one value per response token (no grad).
 
         An empty action keeps one virtual link valued ``V(o)`` (= the value before its first
         token) so the chain stays connected and its reward counts; a non-trainable one
         (its prompt did not fit) gets a placeholder 0 that the backup passes through.
         """
         cache = self.critic.can_cache
+        est = batch.estimates
         with torch.no_grad():
             for agent in self.agents:
                 trs = [t for t in batch.transitions if t.agent == agent]
@@ -79,11 +80,11 @@ class MARFTTokenTrainer(MARFTTrainerBase):
                         feats = self.critic.token_features(agent, prompts, responses)
                         v = self.critic.head_values(agent, feats).cpu()
                         for t, f in zip(part, feats, strict=True):
-                            t.extras["critic_feat"] = f[: len(t.response_ids)]
+                            est[t].critic_features = f[: len(t.response_ids)]
                     else:
                         v = self.critic.token_values(agent, prompts, responses).cpu()
                     for row, t in zip(v, part, strict=True):
-                        t.extras["token_values"] = row[: len(t.response_ids)].double().tolist()
+                        est[t].token_values = row[: len(t.response_ids)].double().tolist()
                         t.value = float(row[0])
                 for s in range(0, len(empty), chunk):
                     part = empty[s : s + chunk]
@@ -92,7 +93,7 @@ class MARFTTokenTrainer(MARFTTrainerBase):
                     by_id = {id(t): v for t, v in zip(ok, vals, strict=True)}
                     for t in part:
                         t.value = float(by_id.get(id(t), 0.0))
-                        t.extras["token_values"] = [t.value]
+                        est[t].token_values = [t.value]
 
     def compute_advantages(self, batch: RolloutBatch) -> None:
         """Token-level backup over each episode's executed chain (see module docstring)."""
@@ -102,11 +103,12 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         trs = batch.transitions
         if not trs:
             return
-        if any("token_values" not in t.extras for t in trs):
+        est = batch.estimates
+        if any(est[t].token_values is None for t in trs):
             self.compute_values(batch)
         adv, ret = token_level_backup(
             [t.reward for t in trs],
-            [t.extras["token_values"] for t in trs],
+            [est[t].token_values for t in trs],
             [t.turn for t in trs],
             [t.episode_id for t in trs],
             gamma_token=c.gamma_token,
@@ -116,15 +118,15 @@ class MARFTTokenTrainer(MARFTTrainerBase):
             **c.chain_discounts(),
         )
         for t, a, r in zip(trs, adv, ret, strict=True):
-            t.extras["token_adv"] = a.tolist()
-            t.extras["token_ret"] = r.tolist()
+            est[t].token_advantages = a.tolist()
+            est[t].token_returns = r.tolist()
             t.advantage, t.returns = float(np.mean(a)), float(r[0])
 
         def put(t: Transition, v: Any) -> None:
-            t.extras["token_adv"] = np.asarray(v, dtype=np.float64).tolist()
+            est[t].token_advantages = np.asarray(v, dtype=np.float64).tolist()
             t.advantage = float(np.mean(v))
 
-        self.normalize(batch, lambda t: np.asarray(t.extras["token_adv"]), put)
+        self.normalize(batch, lambda t: np.asarray(est[t].token_advantages), put)
 
     # ---- losses ----------------------------------------------------------------------------
     def advantages_tensor(self, mb: list[Transition], stats: Any) -> torch.Tensor:
@@ -141,16 +143,19 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         mask = stats.mask.float()
         old = self.old_logprobs(mb, stats)
         adv = self.advantages_tensor(mb, stats)
-        loss, info = losses.ppo_policy_loss(stats.logprobs, old, adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
-        m = {f"agent/{agent}/{k}": float(v) for k, v in info.items()}
+        m: dict[str, float] = {}
+        weights = self.tis_weights(agent, mb, stats, old, m)  # the engine kept its own log-probs
+        pg_adv = adv * weights if weights is not None else adv
+        loss, info = losses.ppo_policy_loss(stats.logprobs, old, pg_adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
+        m.update({f"agent/{agent}/{k}": float(v) for k, v in info.items()})
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(stats.logprobs.detach(), old, mask))
         m[f"agent/{agent}/advantage_mean"] = float(losses.masked_mean(adv, mask))
         loss = self.entropy_and_penalties(agent, mb, stats, loss, m)
         return loss, m
 
-    def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
-        """Masked value loss of the per-token values against the token returns."""
+    def critic_loss(self, agent: str, mb: Minibatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Masked value loss of the per-token values against the token returns (of the buffer's minibatch)."""
         from marft_algos import losses
 
         c = self.config
@@ -158,14 +163,11 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         if not rows:
             zero = torch.zeros((), requires_grad=True)
             return zero, {}
-        with_tokens = mb.subset(rows) if isinstance(mb, Minibatch) else [mb[i] for i in rows]
-        if isinstance(with_tokens, Minibatch) and with_tokens.critic_features is not None:
+        with_tokens = mb.subset(rows)
+        if with_tokens.critic_features is not None:
             # the buffer's features, cut to the longest response of these rows
             width = max(len(t.response_ids) for t in with_tokens)
             v = self.critic.head_values(agent, fit_width(with_tokens.critic_features, width))
-        elif all("critic_feat" in t.extras for t in with_tokens):
-            feats = torch.nn.utils.rnn.pad_sequence([t.extras["critic_feat"] for t in with_tokens], batch_first=True)
-            v = self.critic.head_values(agent, feats)
         else:
             v = self.critic.token_values(agent, [t.prompt_ids for t in with_tokens], [t.response_ids for t in with_tokens])
         T = v.shape[1]

@@ -79,6 +79,11 @@ class GenerationEngine(abc.ABC):
 
     #: the registry name of the engine (``"hf"``, ...)
     name: str = ""
+    #: True when ``result.logprobs`` meet the exactness contract above. False for an engine
+    #: that returns its own numbers (vLLM with ``logprob_source="engine"``): the trainer then
+    #: recomputes the old log-probs with its forward and weights the policy gradient by the
+    #: truncated importance ratio (:meth:`marft_algos.trainer.Trainer.tis_weights`)
+    logprobs_exact: bool = True
 
     def __init__(self, policy: TeamPolicy) -> None:
         self.policy = policy

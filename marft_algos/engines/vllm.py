@@ -13,8 +13,12 @@ in bf16 they differ by up to ~1e-2 per token). By default (``logprob_source="tra
 the engine recomputes the sampled tokens' log-probs with the policy's own forward
 (:meth:`~marft_algos.models.policy.TeamPolicy.sequence_logprobs`, no grad) and returns
 those, so the exactness contract of :mod:`marft_algos.engines.base` holds exactly; the
-gap to vLLM's numbers is kept per role in :meth:`VLLMEngine.metrics`. Keeping vLLM's
-log-probs with a truncated importance-sampling correction is not implemented.
+gap to vLLM's numbers is kept per role in :meth:`VLLMEngine.metrics`. With
+``logprob_source="engine"`` the engine returns vLLM's own log-probs (no extra forward
+here; ``logprobs_exact`` is False): the trainer recomputes the old log-probs with its
+forward before the update, as it does under bf16, and weights the policy gradient by the
+truncated importance ratio ``min(exp(trainer - vLLM), tis_cap)`` per token
+(:meth:`marft_algos.trainer.Trainer.tis_weights`), logging the gap per agent.
 
 Supported: ``mode="lora"`` and ``mode="shared"`` on ONE base that vLLM can load (an
 alias converted to a folder, a local folder or a Hub id), and ``mode="full"`` only while
@@ -50,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["VLLMEngine", "model_path_of"]
 
-_LOGPROB_SOURCES = ("trainer",)
+_LOGPROB_SOURCES = ("trainer", "engine")
 _FULL_CHANGED = (
     "the vllm engine cannot serve changed full weights (mode='full'): pushing the full model into vLLM's worker "
     "process after an update is not supported; train with mode='lora'/'shared' or use engine='hf'"
@@ -96,7 +100,8 @@ class VLLMEngine(GenerationEngine):
         adapter_root: where adapter versions are exported (default
             ``/dev/shm/marft-<pid>-<random>``, a temp folder when ``/dev/shm`` is missing).
         logprob_source: ``"trainer"`` (recompute the returned log-probs with the
-            policy's forward; the only one implemented).
+            policy's forward) or ``"engine"`` (return vLLM's; the trainer corrects with
+            truncated importance sampling, see the module docstring).
         sleep_level: vLLM sleep-mode level used by :meth:`sleep` on CUDA (1: offload the
             weights, drop the KV cache; adapter-only syncs never resend the base).
         **llm_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``swap_space``).
@@ -121,8 +126,8 @@ class VLLMEngine(GenerationEngine):
         super().__init__(policy)
         if logprob_source not in _LOGPROB_SOURCES:
             raise ValueError(
-                f"logprob_source must be one of {_LOGPROB_SOURCES}, got {logprob_source!r} "
-                "(keeping vLLM's log-probs with an importance-sampling correction is not implemented)"
+                f"logprob_source must be one of {_LOGPROB_SOURCES}, got {logprob_source!r}: 'trainer' recomputes "
+                "the log-probs with the policy's forward, 'engine' keeps vLLM's (truncated importance sampling)"
             )
         if not 0.0 < float(gpu_memory_utilization) <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -133,6 +138,7 @@ class VLLMEngine(GenerationEngine):
             )
         self.base = policy.loaded_bases[0]
         self.logprob_source = logprob_source
+        self.logprobs_exact = logprob_source == "trainer"
         self.sleep_level = int(sleep_level)
         self.lora = policy.mode != "full"
         self.adapters = list(dict.fromkeys(policy.adapter_of(r) or "" for r in policy.roles)) if self.lora else []
