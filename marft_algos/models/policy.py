@@ -251,6 +251,9 @@ class TeamPolicy:
         self.max_batch = int(max_batch)
         self.merge_for_decode = bool(merge_for_decode)
         self.share_prefixes = bool(share_prefixes)
+        # FSDP2 turns this off: a shared prefix's gradient reaches its layers through the KV
+        # cache, past the layer outputs where FSDP re-gathers the weights for the backward
+        self.share_prefixes_with_grad = True
         self.activation_checkpointing = bool(activation_checkpointing)
         self.seed = seed
         self.stats: Counter[str] = Counter()
@@ -375,6 +378,14 @@ class TeamPolicy:
                     else:
                         params.setdefault(adapter, []).extend(sub.parameters())
         b.adapter_params = params
+
+    def reindex_parameters(self) -> None:
+        """Re-read every base's adapter parameter lists from its modules: after a wrapper that
+        replaces parameter objects (FSDP2 ``fully_shard`` makes them sharded ``DTensor``s),
+        :meth:`trainable_parameters` and :meth:`set_train_role` then act on the new ones."""
+        for b in self._bases:
+            if b.tuner_layers:
+                self._index_adapters(b)
 
     def _setup_full(self, b: LoadedBase, keep_reference: bool) -> None:
         if keep_reference:
@@ -658,7 +669,9 @@ class TeamPolicy:
         checkpointed = bool(b.ckpt_layers) and not reference and not dropout and torch.is_grad_enabled()
         if checkpointed:
             stack.enter_context(self._checkpointing(b))
-        plan = plan_prefixes(prompt_ids) if self.share_prefixes and not checkpointed else None
+        # a forward with grad shares prefixes unless a sharded model forbids it (see share_prefixes_with_grad)
+        share = self.share_prefixes and not checkpointed and (self.share_prefixes_with_grad or not torch.is_grad_enabled())
+        plan = plan_prefixes(prompt_ids) if share else None
         with stack:
             if plan is None:
                 kwargs = dict(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=False, logits_to_keep=rlen)
