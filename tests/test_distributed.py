@@ -197,9 +197,9 @@ def letter_batch(t: Any) -> Any:
     return batch
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
-def test_fsdp_two_ranks_half_batch_equal_one_rank_full_batch(mode, tmp_path):
-    t = worker.make_trainer("grpo", mode=mode, distributed=worker.FSDP, adam_eps=worker.FSDP_ADAM_EPS)  # world size 1: not sharded
+@pytest.mark.parametrize("algo,mode", [("grpo", "full"), ("grpo", "lora"), ("marft", "full"), ("marft", "lora")])
+def test_fsdp_two_ranks_half_batch_equal_one_rank_full_batch(algo, mode, tmp_path):
+    t = worker.make_trainer(algo, mode=mode, distributed=worker.FSDP, adam_eps=worker.FSDP_ADAM_EPS)  # world size 1: not sharded
     before = {a: t.policy.adapter_state_dict(a) for a in t.agents}
     batch = letter_batch(t)
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(batch))
@@ -207,11 +207,13 @@ def test_fsdp_two_ranks_half_batch_equal_one_rank_full_batch(mode, tmp_path):
     t.update(batch)
     ref = worker.trainer_state(t)
     assert all(moved(before[a], ref["adapters"][a]) for a in t.agents)
-    ok(launch(f"fsdp-equiv-{mode}", tmp_path))
+    ok(launch(f"fsdp-equiv-{algo}-{mode}", tmp_path))
     sharded = torch.load(tmp_path / "fsdp-rank0.pt", weights_only=False)
     for k, opt in ref["optimizers"].items():  # AdamW moments (the gradients), gathered from the shards
         assert_tree_close(sharded["optimizers"][k]["state"], opt["state"], path=k)
     assert_tree_close(sharded["adapters"], ref["adapters"])  # the gathered weights: one process's step
+    if algo == "marft":  # the critic's head, replicated (its features came from the gathered base)
+        assert_tree_close(sharded["critic"], ref["critic"])
 
 
 @pytest.mark.parametrize("first,second", [(2, 1), (1, 2)])

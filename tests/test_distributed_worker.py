@@ -106,9 +106,9 @@ def main() -> None:
         t.train_step()
     elif scenario == "fsdp":
         fsdp_step(out, rank, world)
-    elif scenario.startswith("fsdp-equiv-"):  # one sharded GRPO update on this rank's slice of a fixed batch
-        mode = scenario.rsplit("-", 1)[1]
-        t = make_trainer("grpo", mode=mode, distributed=FSDP, adam_eps=FSDP_ADAM_EPS)
+    elif scenario.startswith("fsdp-equiv-"):  # one sharded update on this rank's slice of a fixed batch
+        _, _, algo, mode = scenario.split("-")
+        t = make_trainer(algo, mode=mode, distributed=FSDP, adam_eps=FSDP_ADAM_EPS)
         batch = local_slice(pickle.loads((out / "batch.pkl").read_bytes()), rank, world)
         t.compute_advantages(batch)
         t.update(batch)

@@ -173,6 +173,28 @@ def _checkpoint_with_adapters(tuners: Sequence[Any], fn: Any, *args: Any, **kwar
     return checkpoint(replay, *args, use_reentrant=False, **kwargs)
 
 
+def _load_full_weights(model: nn.Module, path: Path, device: torch.device) -> None:
+    """Load a ``save_model`` file into ``model`` in place (strict; a tied weight saved once
+    under one of its names loads through its alias). Unlike safetensors' ``load_model`` it
+    never reads storage pointers, so FSDP2-sharded (``DTensor``) parameters load too."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path), device=str(device))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    aliased = {n for names in names_of.values() if any(m in state for m in names) for n in names}
+    missing = [k for k in missing if k not in aliased]
+    if missing or unexpected:
+        error = f"Error(s) in loading state_dict for {model.__class__.__name__}:"
+        if missing:
+            error += f"\n    Missing key(s) in state_dict: {', '.join(sorted(missing))}"
+        if unexpected:
+            error += f"\n    Unexpected key(s) in state_dict: {', '.join(sorted(unexpected))}"
+        raise RuntimeError(error)
+
+
 class TeamPolicy:
     """The team's policies: per-role adapters on shared base model(s).
 
@@ -806,7 +828,7 @@ class TeamPolicy:
     def load(self, directory: str | os.PathLike[str]) -> None:
         """Load weights written by :meth:`save` into this policy, in place; every adapter
         is trainable afterwards (``requires_grad=True``), ready for a fresh optimizer."""
-        from safetensors.torch import load_file, load_model
+        from safetensors.torch import load_file
 
         src = Path(directory)
         meta_path = src / "policy.json"
@@ -820,7 +842,7 @@ class TeamPolicy:
             raise ValueError(f"saved policy lacks roles {sorted(missing)}")
         if self.mode == "full":
             for b in self._bases:
-                load_model(b.model, str(src / "full" / f"base{b.slot}" / "model.safetensors"))
+                _load_full_weights(b.model, src / "full" / f"base{b.slot}" / "model.safetensors", self.device)
                 for p in b.model.parameters():
                     p.requires_grad_(True)
             return
