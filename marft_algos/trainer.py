@@ -299,7 +299,11 @@ class Trainer(ABC):
     def gathered(self, *, reference: bool = False) -> Any:
         """A block in which every rank holds the full policy weights and a forward issues no
         collective (FSDP: rollouts and no-grad scoring; see :mod:`marft_algos.fsdp`); a no-op
-        without sharding. ``reference``: the frozen reference copy too (full fine-tuning)."""
+        without sharding. ``reference``: the frozen reference copy too (full fine-tuning).
+
+        Every no-grad forward outside the training minibatches runs inside one: the trainer
+        wraps the rollouts and :meth:`prepare_update`; a :meth:`compute_advantages` that runs a
+        model (a critic's values) wraps that part itself. All ranks enter it together."""
         if self.sharding is None:
             return contextlib.nullcontext()
         return self.sharding.gathered(reference=reference)
@@ -316,10 +320,6 @@ class Trainer(ABC):
         if self.sharding is None:
             return contextlib.nullcontext()
         return self.sharding.loading()
-
-    #: does :meth:`compute_advantages` run the policy's models (a critic, the reference)?
-    #: Under FSDP their weights are gathered for it; GRPO's advantages need no model.
-    advantages_use_model: ClassVar[bool] = True
 
     def setup(self) -> None:  # noqa: B027  (optional hook)
         """Hook: build extra modules (value heads, critic) before optimizers are built."""
@@ -693,8 +693,7 @@ class Trainer(ABC):
             batch = self.collect()
         t1 = time.perf_counter()
         batch.metrics = self.dist.mean_metrics(batch.metrics, len(batch.episodes))
-        with self.gathered(reference=True) if self.advantages_use_model else contextlib.nullcontext():
-            self.compute_advantages(batch)
+        self.compute_advantages(batch)  # (a critic gathers FSDP weights itself: see gathered())
         engine = getattr(self.policy, "engine", None)
         if engine is not None:
             engine.sleep()  # vLLM on CUDA: free its KV cache and weights for the update

@@ -87,7 +87,6 @@ class GRPOTrainer(Trainer):
 
     config_cls = GRPOConfig
     config: GRPOConfig
-    advantages_use_model = False  # group-relative: rewards only
 
     def __init__(self, config: GRPOConfig, **kwargs: Any) -> None:
         self.group_size = config.group_size

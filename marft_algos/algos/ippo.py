@@ -137,7 +137,8 @@ class IPPOTrainer(Trainer):
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
         """V_i(o) for every transition of agent i (no grad); over-long prompts get a
         placeholder 0 (the GAE passes them through)."""
-        self._critic.fill_action_values(batch.transitions, chunk)
+        with self.gathered(reference=True):  # FSDP: the base's weights whole, no collective per chunk
+            self._critic.fill_action_values(batch.transitions, chunk)
 
     def compute_advantages(self, batch: RolloutBatch) -> None:
         """Per-agent GAE over each agent's own chain (values are computed if not set)."""

@@ -75,7 +75,8 @@ class MARFTActionTrainer(MARFTTrainerBase):
         With a frozen critic base the hidden states are cached in ``t.extras["critic_feat"]``
         for the critic's training passes (see :class:`~marft_algos.algos.critic.Critic`).
         """
-        self.critic.fill_action_values(batch.transitions, chunk)
+        with self.gathered(reference=True):  # FSDP: the base's weights whole, no collective per chunk
+            self.critic.fill_action_values(batch.transitions, chunk)
 
     def compute_advantages(self, batch: RolloutBatch) -> None:
         """Action-level GAE over each episode's executed chain (see module docstring)."""
