@@ -164,7 +164,8 @@ class PolicySharding:
     @contextlib.contextmanager
     def full_state(self, optimizers: Sequence[torch.optim.Optimizer] = ()) -> Iterator[None]:
         """Inside the block the policy's parameters and ``optimizers``' states are full
-        (unsharded) tensors, for ``policy.save`` / ``state_dict`` in the single-process format.
+        (unsharded) CPU tensors, for ``policy.save`` / ``state_dict`` in the single-process
+        format (gathered one tensor at a time: the device holds one full tensor at most).
 
         Every rank must enter it (the all-gathers are collectives, in the same order
         everywhere); values are read-only inside (they are copies). Re-entrant.
@@ -190,7 +191,7 @@ class PolicySharding:
                             if p is None or not is_sharded(p):
                                 continue
                             if id(p) not in full_of:  # tied weights stay one tensor
-                                full_of[id(p)] = nn.Parameter(p.full_tensor(), requires_grad=p.requires_grad)
+                                full_of[id(p)] = nn.Parameter(p.full_tensor().cpu(), requires_grad=p.requires_grad)
                             swapped.append((mod, name, p))
                             mod._parameters[name] = full_of[id(p)]
                 for opt in {id(o): o for o in optimizers}.values():
@@ -200,7 +201,7 @@ class PolicySharding:
                             for k in sorted(st):
                                 if is_sharded(st[k]):
                                     saved_states.append((st, k, st[k]))
-                                    st[k] = st[k].full_tensor()
+                                    st[k] = st[k].full_tensor().cpu()
             yield
         finally:
             self._full = 0
