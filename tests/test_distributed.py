@@ -234,6 +234,17 @@ def test_fsdp_resume_across_world_sizes(first, second, tmp_path):
     assert resumed["collector"] == ref.collector.state_dict()  # the problem stream went on
 
 
+def test_fsdp_marft_trains_agent_by_agent_with_its_critic(tmp_path):
+    ok(launch("fsdp-marft-steps", tmp_path))  # the collapse detector's checkpoints are saved sharded too
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["global_step"] == r1["global_step"] == 3
+    assert_tree_close(r0["critic"], r1["critic"], atol=0.0)  # the replicated head, bit-identical
+    assert_tree_close(r0["adapters"], r1["adapters"], atol=0.0)
+    assert r0["collector"]["next_episode_id"] == 3 * 8
+    steps = {k: r0["optimizers"][k]["state"][0]["step"] for k in ("speaker", "listener")}
+    assert float(steps["speaker"]) == 2 and float(steps["listener"]) == 1
+
+
 def test_fsdp_rollouts_of_different_lengths_per_rank(tmp_path):
     # rank 1 decodes 4 tokens per speaker action, rank 0 one: sharded forwards would pair
     # all-gathers of different decode steps and hang; the gathered rollout does not

@@ -135,6 +135,10 @@ def main() -> None:
         state = full_trainer_state(t)
         if rank == 0:
             torch.save({"lengths": lengths, **state}, out / "ragged.pt")
+    elif scenario == "fsdp-marft-steps":  # MARFT trained sharded: agent by agent, critic, recovery checkpoints
+        t = make_trainer("marft", agent_by_agent=True, steps=3, distributed=FSDP)
+        t.train()
+        torch.save(full_trainer_state(t), out / f"rank{rank}.pt")
     elif scenario == "fsdp-crash":  # as "crash", sharded
         t = make_trainer("grpo", mode="full", steps=3, distributed={**FSDP, "timeout_s": 20})
         t.train_step()
