@@ -91,7 +91,7 @@ class PolicySharding:
     def __init__(self, policy: Any, dist: Distributed) -> None:
         self.policy = policy
         self.dist = dist
-        self._gathering = 0  # depth of nested gathered() blocks
+        self._gathered_roots: set[int] = set()  # ids of the roots gathered by open gathered() blocks
         self._full = 0  # depth of nested full_state() blocks
         for b in policy.loaded_bases:
             shard_full_model(b.model, dist)
@@ -133,27 +133,20 @@ class PolicySharding:
         """Inside the block every rank holds the full weights and forwards issue no collective.
 
         Every rank must enter and leave it together (one all-gather of every FSDP module on
-        entry). ``reference``: the frozen reference copy too (full fine-tuning). Re-entrant:
-        an inner block gathers nothing more.
+        entry). ``reference``: the frozen reference copy too (full fine-tuning). Nested
+        blocks gather only what the outer ones have not.
         """
-        if self._gathering:
-            self._gathering += 1
-            try:
-                yield
-            finally:
-                self._gathering -= 1
-            return
-        roots = self.roots(reference=reference)
+        roots = [r for r in self.roots(reference=reference) if id(r) not in self._gathered_roots]
         modules = _fsdp_modules(roots)
         for r in roots:
             r.set_reshard_after_forward(False)  # recursive: no re-shard after each forward
         for m in modules:
             m.unshard()
-        self._gathering = 1
+        self._gathered_roots.update(id(r) for r in roots)
         try:
             yield
         finally:
-            self._gathering = 0
+            self._gathered_roots.difference_update(id(r) for r in roots)
             for m in modules:
                 m.reshard()
             for r in roots:  # FSDP2's defaults: layers re-shard after forward, the root does not
@@ -177,6 +170,8 @@ class PolicySharding:
             finally:
                 self._full -= 1
             return
+        if self._gathered_roots:
+            raise RuntimeError("full_state() inside gathered(): save or load checkpoints outside rollouts and scoring")
         roots = self.roots()
         self.reshard()  # a forward leaves the root unsharded: start from shards everywhere
         swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
