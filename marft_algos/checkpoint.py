@@ -37,6 +37,7 @@ error lists each checkpoint's problem.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -113,10 +114,13 @@ def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
     final = root / name
     tmp = root / f".tmp-{name}-{os.getpid()}-{time.time_ns()}"
     tmp.mkdir()
+    # FSDP: full tensors in the single-process format (every rank gathers; re-entrant)
+    unsharded = getattr(trainer, "unsharded_state", contextlib.nullcontext)
     try:
-        trainer.policy.save(tmp / "policy")
-        _test_pause("save:policy", step)
-        torch.save(trainer.state_dict(), tmp / "trainer.pt")
+        with unsharded():
+            trainer.policy.save(tmp / "policy")
+            _test_pause("save:policy", step)
+            torch.save(trainer.state_dict(), tmp / "trainer.pt")
         _test_pause("save:trainer", step)
         (tmp / "config.json").write_text(json.dumps(trainer.config.to_dict(), indent=2, sort_keys=True))
         files = {}
@@ -366,7 +370,8 @@ def load_checkpoint(trainer: Any, path: str | Path, *, parts: Any = None) -> Pat
     ckpt = find_checkpoint(path)
     outside = None if "rng" in chosen else rng_state()  # loading must not move the caller's RNG
     if "weights" in chosen:
-        trainer.policy.load(ckpt / "policy")
+        with getattr(trainer, "loading_weights", contextlib.nullcontext)():  # FSDP: full weights into the shards
+            trainer.policy.load(ckpt / "policy")
     if chosen & {"weights", "optimizers", "schedulers"}:
         # Rebuild optimizers on the (possibly re-created) parameters, then load their states.
         trainer.optimizers = trainer.build_optimizers()

@@ -435,12 +435,14 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     eval_kwargs = dict(n=args.eval_n, split="test", num_envs=16, max_context=config.max_context, env_kwargs=config.env_kwargs,
                        greedy=True, sampling_overrides=config.sampling_overrides)
     print(f"[quickstart] evaluating the untrained team on {args.eval_n} held-out problems")
-    before = evaluate(trainer.policy, args.env, label="untrained team", **eval_kwargs)
+    with trainer.gathered():  # under FSDP: whole weights, no collective per decode step
+        before = evaluate(trainer.policy, args.env, label="untrained team", **eval_kwargs)
     print(f"[quickstart] {before}")
     print(f"[quickstart] training for up to {args.minutes:g} min (max {args.steps} steps)")
     trainer.train()
     print("[quickstart] evaluating the trained team")
-    after = evaluate(trainer.policy, args.env, label=f"trained ({trainer.global_step} steps)", **eval_kwargs)
+    with trainer.gathered():
+        after = evaluate(trainer.policy, args.env, label=f"trained ({trainer.global_step} steps)", **eval_kwargs)
     table = format_table([before, after])
     summary = {
         "before": before.to_dict(),

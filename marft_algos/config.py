@@ -420,6 +420,8 @@ class TrainConfig(metaclass=_ConfigMeta):
         if self.dtype is not None:
             key = str(self.dtype).lower().removeprefix("torch.")
             _check(key in _DTYPE_NAMES, f"unknown dtype {self.dtype!r}; use one of {sorted(_DTYPE_NAMES)} or None")
+        if self.distributed.strategy == "fsdp":
+            self.check_fsdp()
         for name in ("sampling_overrides", "eval_sampling_overrides"):
             for agent, sp in getattr(self, name).items():
                 _check(isinstance(sp, dict), f"{name}[{agent!r}] must be a dict of sampling settings")
@@ -456,6 +458,24 @@ class TrainConfig(metaclass=_ConfigMeta):
         object.__setattr__(self, name, value)
 
     # --- helpers -----------------------------------------------------------------
+    def check_fsdp(self) -> None:
+        """Refuse what ``distributed.strategy='fsdp'`` does not support (see docs/distributed.md)."""
+        _check(
+            not self.model_per_agent,
+            "distributed.strategy='fsdp' shards one base model: a heterogeneous team (model_per_agent) is not supported "
+            "with it; use distributed.strategy='ddp'",
+        )
+        _check(
+            self.engine == "hf",
+            f"distributed.strategy='fsdp' generates with the built-in 'hf' engine on the gathered weights; engine={self.engine!r} "
+            "keeps its own copy of the weights: use distributed.strategy='ddp' with it",
+        )
+        key = str(self.dtype).lower().removeprefix("torch.") if self.dtype is not None else None
+        _check(
+            key not in ("fp16", "float16", "half"),
+            "distributed.strategy='fsdp' has no fp16 loss scaling: use dtype='bf16' (or None), or distributed.strategy='ddp'",
+        )
+
     def check_agents(self, agents: list[str] | tuple[str, ...]) -> None:
         """Reject per-agent settings that name agents the environment does not have."""
         internal = [a for a in agents if str(a).startswith("__")]

@@ -246,11 +246,17 @@ class Distributed:
             pos += n
 
     def broadcast_parameters(self, params: Iterable[torch.Tensor]) -> None:
-        """Copy rank 0's values into ``params`` on every rank (start from identical weights)."""
+        """Copy rank 0's values into ``params`` on every rank (start from identical weights).
+        FSDP-sharded parameters (``DTensor``) are skipped: they were broadcast whole, before
+        they were split."""
         if not self.active:
             return
+        from torch.distributed.tensor import DTensor
+
         with torch.no_grad():
             for p in params:
+                if isinstance(p, DTensor):
+                    continue
                 t = p.detach().to(self.device)
                 torch.distributed.broadcast(t, src=0)
                 if t.data_ptr() != p.data_ptr():

@@ -33,6 +33,7 @@ importable from this module).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -49,6 +50,7 @@ import torch
 from marft_algos.buffer import AgentBuffer, action_field, token_field
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
 from marft_algos.distributed import init_distributed, minibatch_weight, rank_seed
+from marft_algos.fsdp import full_grad_norm, is_sharded, shard_optimizer_states
 from marft_algos.registry import *  # noqa: F403  (the registry's names, importable from here as before)
 from marft_algos.registry import lazy_exports, list_algorithms
 from marft_algos.rollout import (
@@ -190,11 +192,6 @@ class Trainer(ABC):
         self.config = config
         # world size 1 without a launcher: no process group, every collective a no-op
         self.dist = init_distributed(config.distributed.backend, config.distributed.timeout_s)
-        if config.distributed.strategy == "fsdp" and self.dist.active:
-            raise ConfigError(
-                "distributed.strategy='fsdp' is not wired into the trainers yet (rollouts on sharded weights need "
-                "lock-step generation); use 'ddp', or marft_algos.distributed.shard_full_model in your own loop"
-            )
         self._dist_weight = 1.0
         if config.release_freed_memory:
             from marft_algos.memory import pin_malloc_thresholds
@@ -216,10 +213,16 @@ class Trainer(ABC):
         self.np_rng = np.random.default_rng(config.seed + 1)
         self.check_policy()
         self.setup()
+        # FSDP2: shard after every adapter exists (the critic's too), before the optimizers
+        self.sharding: Any = self.build_sharding() if config.distributed.strategy == "fsdp" and self.dist.active else None
         self.optimizers = self.build_optimizers()
         self.schedulers = self.build_schedulers()
         self.scaler = self.build_scaler()
-        # every rank starts from rank 0's weights (value heads are initialised from each process's RNG)
+        if self.sharding is not None:
+            for opt in self.optimizers.values():
+                self.sharding.check_homogeneous([p for g in opt.param_groups for p in g["params"]])
+        # every rank starts from rank 0's weights (value heads are initialised from each process's RNG;
+        # sharded parameters were broadcast before they were split)
         self.dist.broadcast_parameters(p for opt in {id(o): o for o in self.optimizers.values()}.values() for g in opt.param_groups for p in g["params"])
         if logger is None and config.out_dir and self.dist.is_main:
             from marft_algos.logging import MetricsLogger
@@ -276,6 +279,47 @@ class Trainer(ABC):
                     "beta > 0 with mode='full' needs the frozen reference copy of the base (TeamPolicy(full_reference=True), "
                     "the default of make_policy)"
                 )
+
+    def build_sharding(self) -> Any:
+        """FSDP2 over the policy (``distributed.strategy="fsdp"`` under a launcher): a
+        :class:`marft_algos.fsdp.PolicySharding`, built after :meth:`setup` and before the optimizers."""
+        from marft_algos.fsdp import PolicySharding
+
+        bases = getattr(self.policy, "loaded_bases", None)
+        if bases is None or len(bases) != 1:
+            raise ConfigError(
+                "distributed.strategy='fsdp' shards a TeamPolicy with one base model; this policy has "
+                f"{'no loaded bases' if bases is None else f'{len(bases)} bases'}: use distributed.strategy='ddp'"
+            )
+        # every rank starts from rank 0's weights: broadcast them while they are still whole
+        trained = {id(p): p for a in self.trainable_agents() for p in self.policy.trainable_parameters(a)}
+        self.dist.broadcast_parameters(trained.values())
+        return PolicySharding(self.policy, self.dist)
+
+    def gathered(self, *, reference: bool = False) -> Any:
+        """A block in which every rank holds the full policy weights and a forward issues no
+        collective (FSDP: rollouts and no-grad scoring; see :mod:`marft_algos.fsdp`); a no-op
+        without sharding. ``reference``: the frozen reference copy too (full fine-tuning).
+
+        Every no-grad forward outside the training minibatches runs inside one: the trainer
+        wraps the rollouts and :meth:`prepare_update`; a :meth:`compute_advantages` that runs a
+        model (a critic's values) wraps that part itself. All ranks enter it together."""
+        if self.sharding is None:
+            return contextlib.nullcontext()
+        return self.sharding.gathered(reference=reference)
+
+    def unsharded_state(self) -> Any:
+        """A block in which the policy weights and optimizer states are full tensors, for a
+        checkpoint in the single-process format (FSDP: every rank enters it; a no-op otherwise)."""
+        if self.sharding is None:
+            return contextlib.nullcontext()
+        return self.sharding.full_state(list(self.optimizers.values()))
+
+    def loading_weights(self) -> Any:
+        """A block in which full weights load into sharded parameters (FSDP; a no-op otherwise)."""
+        if self.sharding is None:
+            return contextlib.nullcontext()
+        return self.sharding.loading()
 
     def setup(self) -> None:  # noqa: B027  (optional hook)
         """Hook: build extra modules (value heads, critic) before optimizers are built."""
@@ -346,7 +390,8 @@ class Trainer(ABC):
         """PPO-style update: epochs x agents x minibatches; returns averaged metrics."""
         c = self.config
         sums: dict[str, list[float]] = defaultdict(list)
-        self.prepare_update(batch)
+        with self.gathered(reference=self.needs_reference()):  # no-grad forwards, as many as each rank needs
+            self.prepare_update(batch)
         d = self.dist  # several ranks: the same agents and minibatch counts everywhere (collectives pair up)
         rng = np.random.default_rng(rank_seed(c.seed + 1, self.global_step, d.rank)) if d.active else self.np_rng
         agents = self.update_agents(batch)
@@ -600,10 +645,19 @@ class Trainer(ABC):
         unique: dict[int, tuple[str, torch.optim.Optimizer]] = {}  # shared optimizers once
         for k, opt in opts.items():
             unique.setdefault(id(opt), (k, opt))
+        if self.sharding is not None:
+            # FSDP reduce-scatters the plain mean of the ranks' gradients: scale each rank's loss by
+            # its share of the units so that the mean is the weighted one (as all_reduce_grads does)
+            total_w = self.dist.sum([self._dist_weight])[0]
+            loss = loss * (self._dist_weight * self.dist.world_size / total_w if total_w > 0 else 0.0)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         if self.dist.active:  # the gradient and metrics of all ranks' data (see marft_algos.distributed)
             for _, opt in unique.values():
-                self.dist.all_reduce_grads([p for g in opt.param_groups for p in g["params"]], self._dist_weight)
+                params = [p for g in opt.param_groups for p in g["params"]]
+                if self.sharding is None:
+                    self.dist.all_reduce_grads(params, self._dist_weight)
+                else:  # sharded ones were reduced by FSDP; replicated ones (value heads) carry the scaled loss
+                    self.dist.all_reduce_grads([p for p in params if not is_sharded(p)], 1.0)
             metrics.update(self.dist.mean_metrics(metrics, self._dist_weight))
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         norms: dict[str, float] = {}
@@ -613,7 +667,7 @@ class Trainer(ABC):
             params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
             if params:
                 # error_if_nonfinite=False: we check ourselves and skip instead of raising.
-                norms[k] = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+                norms[k] = full_grad_norm(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if not all(math.isfinite(v) for v in norms.values()):
             if scaler is not None:
                 # An fp16 overflow is the scaler's business (lower the scale, skip this
@@ -679,10 +733,11 @@ class Trainer(ABC):
         t0 = time.perf_counter()
         if self.dist.active:  # each rank samples its own stream, the same one after a resume on any world size
             seed_everything(rank_seed(self.config.seed, self.global_step, self.dist.rank) % 2**32)
-        batch = self.collect()
+        with self.gathered():  # FSDP: each rank decodes on full local weights, no per-step collective
+            batch = self.collect()
         t1 = time.perf_counter()
         batch.metrics = self.dist.mean_metrics(batch.metrics, len(batch.episodes))
-        self.compute_advantages(batch)
+        self.compute_advantages(batch)  # (a critic gathers FSDP weights itself: see gathered())
         engine = getattr(self.policy, "engine", None)
         if engine is not None:
             engine.sleep()  # vLLM on CUDA: free its KV cache and weights for the update
@@ -847,6 +902,8 @@ class Trainer(ABC):
                 k = self._current_key(k)
                 if k in self.optimizers and "alias_of" not in s:
                     self.optimizers[k].load_state_dict(s)
+                    if self.sharding is not None:  # full states of a checkpoint -> this rank's shards
+                        shard_optimizer_states(self.optimizers[k])
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
         if "schedulers" in chosen:
@@ -875,12 +932,13 @@ class Trainer(ABC):
         from marft_algos.checkpoint import save_checkpoint
 
         root = Path(root) if root is not None else Path(self.config.out_dir or ".") / "checkpoints"
-        if not self.dist.is_main:  # every rank holds the same state: rank 0 writes it
+        with self.unsharded_state():  # FSDP: every rank gathers the full weights, rank 0 writes them
+            if not self.dist.is_main:  # every rank holds the same state: rank 0 writes it
+                self.dist.barrier()
+                return root / f"step-{self.global_step:08d}"
+            path = save_checkpoint(self, root, keep=self.config.keep_checkpoints)
             self.dist.barrier()
-            return root / f"step-{self.global_step:08d}"
-        path = save_checkpoint(self, root, keep=self.config.keep_checkpoints)
-        self.dist.barrier()
-        return path
+            return path
 
     def load_checkpoint(
         self, path: str | Path, parts: Collection[str] | None = None, *, check_config: bool = True

@@ -182,3 +182,106 @@ def test_fsdp2_full_fine_tuning_step_matches_unsharded(tmp_path):
     sharded = torch.load(tmp_path / "fsdp.pt", weights_only=False)
     assert set(sharded) == set(ref)
     assert_tree_close(sharded, ref, atol=1e-5)
+
+
+# ---- distributed.strategy="fsdp": the trainers on FSDP2-sharded weights -------------------
+
+
+def letter_batch(t: Any) -> Any:
+    """One collected batch with a reward signal whatever the untrained team said."""
+    batch = t.collect()
+    for i, ep in enumerate(batch.episodes):
+        if i % 4 in (0, 3):
+            ep.team_return = 1.0
+            ep.transitions[-1].reward = ep.transitions[-1].team_reward = 1.0
+    return batch
+
+
+@pytest.mark.parametrize("algo,mode", [("grpo", "full"), ("grpo", "lora"), ("marft", "full"), ("marft", "lora")])
+def test_fsdp_two_ranks_half_batch_equal_one_rank_full_batch(algo, mode, tmp_path):
+    t = worker.make_trainer(algo, mode=mode, distributed=worker.FSDP, adam_eps=worker.FSDP_ADAM_EPS)  # world size 1: not sharded
+    before = {a: t.policy.adapter_state_dict(a) for a in t.agents}
+    batch = letter_batch(t)
+    (tmp_path / "batch.pkl").write_bytes(pickle.dumps(batch))
+    t.compute_advantages(batch)
+    t.update(batch)
+    ref = worker.trainer_state(t)
+    assert all(moved(before[a], ref["adapters"][a]) for a in t.agents)
+    ok(launch(f"fsdp-equiv-{algo}-{mode}", tmp_path))
+    sharded = torch.load(tmp_path / "fsdp-rank0.pt", weights_only=False)
+    for k, opt in ref["optimizers"].items():  # AdamW moments (the gradients), gathered from the shards
+        assert_tree_close(sharded["optimizers"][k]["state"], opt["state"], path=k)
+    assert_tree_close(sharded["adapters"], ref["adapters"])  # the gathered weights: one process's step
+    if algo == "marft":  # the critic's head, replicated (its features came from the gathered base)
+        assert_tree_close(sharded["critic"], ref["critic"])
+
+
+@pytest.mark.parametrize("first,second", [(2, 1), (1, 2)])
+def test_fsdp_resume_across_world_sizes(first, second, tmp_path):
+    ok(launch("fsdp-resume-2", tmp_path, nproc=first))
+    ok(launch("fsdp-resume-3", tmp_path, nproc=second))
+    saved = torch.load(tmp_path / f"final-step2-world{first}.pt", weights_only=False)
+    loaded = torch.load(tmp_path / f"loaded-world{second}.pt", weights_only=False)
+    # what the first run held after step 2 is what the second one holds after loading its checkpoint
+    assert loaded["global_step"] == saved["global_step"] == 2
+    assert_tree_close(loaded["adapters"], saved["adapters"], atol=0.0)
+    assert_tree_close(loaded["optimizers"], saved["optimizers"], atol=0.0)
+    resumed = torch.load(tmp_path / f"final-step3-world{second}.pt", weights_only=False)
+    assert resumed["global_step"] == 3 and moved(saved["adapters"]["speaker"], resumed["adapters"]["speaker"])
+    ref = worker.make_trainer("grpo", mode="full")
+    for _ in range(3):
+        ref.collector.collect(4)
+    assert resumed["collector"] == ref.collector.state_dict()  # the problem stream went on
+
+
+def test_fsdp_marft_trains_agent_by_agent_with_its_critic(tmp_path):
+    ok(launch("fsdp-marft-steps", tmp_path))  # the collapse detector's checkpoints are saved sharded too
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["global_step"] == r1["global_step"] == 3
+    assert_tree_close(r0["critic"], r1["critic"], atol=0.0)  # the replicated head, bit-identical
+    assert_tree_close(r0["adapters"], r1["adapters"], atol=0.0)
+    assert r0["collector"]["next_episode_id"] == 3 * 8
+    steps = {k: r0["optimizers"][k]["state"][0]["step"] for k in ("speaker", "listener")}
+    assert float(steps["speaker"]) == 2 and float(steps["listener"]) == 1
+
+
+def test_fsdp_rollouts_of_different_lengths_per_rank(tmp_path):
+    # rank 1 decodes 4 tokens per speaker action, rank 0 one: sharded forwards would pair
+    # all-gathers of different decode steps and hang; the gathered rollout does not
+    ok(launch("fsdp-ragged", tmp_path))
+    r = torch.load(tmp_path / "ragged.pt", weights_only=False)
+    assert r["lengths"] == [1, 4] and r["global_step"] == 1
+
+
+def test_fsdp_failing_rank_ends_the_job_with_its_error(tmp_path):
+    start = time.monotonic()
+    proc = launch("fsdp-crash", tmp_path, timeout=90)
+    assert proc.returncode != 0
+    assert "boom from rank 1" in proc.stdout + proc.stderr
+    assert time.monotonic() - start < 90
+    assert not (tmp_path / "done0.json").exists()
+
+
+@pytest.mark.parametrize(
+    "settings,match",
+    [
+        ({"model_per_agent": {"speaker": "tiny-random"}}, "heterogeneous team"),
+        ({"engine": "vllm"}, "engine='vllm'"),
+        ({"dtype": "fp16"}, "fp16 loss scaling"),
+    ],
+)
+def test_fsdp_refuses_what_it_does_not_support(settings, match):
+    from marft_algos.algos.grpo import GRPOConfig
+    from marft_algos.config import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        GRPOConfig(env_id="echo-duo-v0", model="tiny-random", distributed={"strategy": "fsdp"}, **settings)
+
+
+def test_fsdp_refuses_a_critic_lora():
+    from marft_algos.algos.marft_action import MARFTActionConfig
+    from marft_algos.config import ConfigError
+
+    with pytest.raises(ConfigError, match="critic_lora=True is not supported"):
+        MARFTActionConfig(env_id="echo-duo-v0", model="tiny-random", critic_lora=True, distributed={"strategy": "fsdp"})
+    MARFTActionConfig(env_id="echo-duo-v0", model="tiny-random", critic_lora=True)  # fine with ddp

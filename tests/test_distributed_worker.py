@@ -6,6 +6,7 @@ Every scenario writes what the test compares under OUT (a ``.pt`` per rank).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -19,7 +20,8 @@ ALGOS = {"grpo": ("marft_algos.algos.grpo", "GRPOConfig", "GRPOTrainer"), "marft
 
 
 def make_trainer(algo: str, **kw: Any) -> Any:
-    """A trainer of ``algo`` on the echo duo with the tiny letter model (as the trainer tests)."""
+    """A trainer of ``algo`` on the echo duo with the tiny letter model (as the trainer tests);
+    ``mode="full"`` builds the policy for full fine-tuning."""
     import importlib
 
     from helpers.tiny_echo import ENV_KWARGS, SAMPLING, letter_policy
@@ -34,7 +36,22 @@ def make_trainer(algo: str, **kw: Any) -> Any:
     else:
         base.update(critic_lr=1e-2, normalize_advantages="batch")
     base.update(kw)
-    return getattr(m, tr_name)(getattr(m, cfg_name)(**base), policy=letter_policy())
+    return getattr(m, tr_name)(getattr(m, cfg_name)(**base), policy=letter_policy(mode=base.get("mode", "lora")))
+
+
+#: FSDP2 sharding under a launcher (world size 1: a plain single process)
+FSDP = {"timeout_s": 60, "strategy": "fsdp"}
+#: Adam's eps in the FSDP equivalence tests. In full mode both agents step the one shared
+#: model: Adam's second step m / (sqrt(v) + eps) divides the rounding of a near-cancelling
+#: moment by eps, and at the default 1e-8 a 1e-7 difference of m moved a weight by 6% of a
+#: step. A larger eps bounds that amplification; the moments are compared exactly anyway.
+FSDP_ADAM_EPS = 1e-3
+
+
+def full_trainer_state(t: Any) -> dict[str, Any]:
+    """:func:`trainer_state` with the FSDP shards gathered (every rank must call it)."""
+    with t.unsharded_state():  # copies: the optimizer's state dicts go back to shards afterwards
+        return copy.deepcopy(trainer_state(t))
 
 
 def trainer_state(t: Any) -> dict[str, Any]:
@@ -89,6 +106,45 @@ def main() -> None:
         t.train_step()
     elif scenario == "fsdp":
         fsdp_step(out, rank, world)
+    elif scenario.startswith("fsdp-equiv-"):  # one sharded update on this rank's slice of a fixed batch
+        _, _, algo, mode = scenario.split("-")
+        t = make_trainer(algo, mode=mode, distributed=FSDP, adam_eps=FSDP_ADAM_EPS)
+        batch = local_slice(pickle.loads((out / "batch.pkl").read_bytes()), rank, world)
+        t.compute_advantages(batch)
+        t.update(batch)
+        state = full_trainer_state(t)
+        if rank == 0:
+            torch.save(state, out / "fsdp-rank0.pt")
+    elif scenario.startswith("fsdp-resume-"):  # full fine-tuning to `steps`, resuming from OUT/run
+        steps = int(scenario.rsplit("-", 1)[1])
+        t = make_trainer("grpo", mode="full", steps=steps, out_dir=str(out / "run"), distributed=FSDP)
+        if (out / "run" / "checkpoints").is_dir():
+            t.load_checkpoint(out / "run")
+            state = full_trainer_state(t)  # what this world size holds right after the load
+            if rank == 0:
+                torch.save(state, out / f"loaded-world{world}.pt")
+        t.train()
+        state = full_trainer_state(t)
+        if rank == 0:
+            torch.save(state, out / f"final-step{steps}-world{world}.pt")
+    elif scenario == "fsdp-ragged":  # rank r decodes 1 + 3r tokens per action: different forward counts
+        overrides = {"speaker": {"max_new_tokens": 1 + 3 * rank}, "listener": {"max_new_tokens": 1}}
+        t = make_trainer("grpo", mode="full", distributed=FSDP, sampling_overrides=overrides)
+        t.train_step()
+        lengths = t.dist.all_gather_object(max(len(tr.response_ids) for tr in t.last_batch.transitions))
+        state = full_trainer_state(t)
+        if rank == 0:
+            torch.save({"lengths": lengths, **state}, out / "ragged.pt")
+    elif scenario == "fsdp-marft-steps":  # MARFT trained sharded: agent by agent, critic, recovery checkpoints
+        t = make_trainer("marft", agent_by_agent=True, steps=3, distributed=FSDP)
+        t.train()
+        torch.save(full_trainer_state(t), out / f"rank{rank}.pt")
+    elif scenario == "fsdp-crash":  # as "crash", sharded
+        t = make_trainer("grpo", mode="full", steps=3, distributed={**FSDP, "timeout_s": 20})
+        t.train_step()
+        if rank == 1:
+            raise RuntimeError("boom from rank 1")
+        t.train_step()
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     (out / f"done{rank}.json").write_text(json.dumps({"rank": rank, "world": world}))

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from helpers.policies import perturb, perturbed_policy
+from torch import nn
 
 from marft_algos.models import (
     GenRequest,
@@ -463,3 +464,25 @@ def test_single_adapter_decode_with_merged_weights_equals_peft_path(policy, asse
     p = _prompt(policy, "planner", "merge me")
     reqs = [GenRequest("planner", p + [65 + i], SP(temperature=1.0, max_new_tokens=12)) for i in range(3)]
     assert_fast_path_exact(policy, "merge_for_decode", reqs, seed=5)
+
+
+def test_full_weights_load_through_tied_aliases_and_refuse_missing_keys(tmp_path):
+    from safetensors.torch import save_file, save_model
+
+    from marft_algos.models.policy import _load_full_weights
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(5, 3)
+            self.head = nn.Linear(3, 5, bias=False)
+            self.head.weight = self.emb.weight  # one tensor under two names, saved under one
+            self.norm = nn.LayerNorm(3)
+
+    src, dst = Tied(), Tied()
+    save_model(src, str(tmp_path / "m.safetensors"))
+    _load_full_weights(dst, tmp_path / "m.safetensors", torch.device("cpu"))
+    assert torch.equal(dst.emb.weight, src.emb.weight) and dst.head.weight is dst.emb.weight
+    save_file({"emb.weight": src.emb.weight.detach().clone()}, str(tmp_path / "part.safetensors"))
+    with pytest.raises(RuntimeError, match="Missing key.*norm.weight"):
+        _load_full_weights(dst, tmp_path / "part.safetensors", torch.device("cpu"))

@@ -23,7 +23,7 @@ policy (with the policy's adapters disabled while values are computed).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -158,12 +158,14 @@ class ActionValueEstimation:
     (action-level MARFT, IPPO): the values are computed once per batch, before the GAE."""
 
     critic: Critic
+    gathered: Callable[..., Any]  # Trainer.gathered
 
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
         """``t.value = V(o)`` for every transition (no grad); non-trainable ones get 0
         (a placeholder: the GAE passes them through). With a frozen critic base the hidden
         states are cached in ``batch.estimates`` for the critic's training passes."""
-        self.critic.fill_action_values(batch, chunk)
+        with self.gathered(reference=True):  # FSDP: the base's weights whole, no collective per chunk
+            self.critic.fill_action_values(batch, chunk)
 
     def valued_transitions(self, batch: RolloutBatch) -> list[Transition]:
         """``batch.transitions`` (execution order, episodes contiguous), their values computed

@@ -87,6 +87,11 @@ class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
         _check(self.importance_ratio == "token", f"{type(self).__name__} has its own ratios (per action or per token); "
                f"importance_ratio={self.importance_ratio!r} is for GRPO and IPPO: leave it at 'token'")
         _check(
+            not (self.critic_lora and self.distributed.strategy == "fsdp"),
+            "critic_lora=True is not supported with distributed.strategy='fsdp' (the critic's adapter would train through "
+            "the sharded backbone outside FSDP's root forward): use the default frozen-base critic, or strategy='ddp'",
+        )
+        _check(
             not (self.agent_by_agent and self.mode == "shared"),
             "agent_by_agent needs one adapter per agent: with mode='shared' every agent's policy is the one shared "
             "adapter, so a step on one agent's data moves all agents and the schedule would not hold the others fixed",

@@ -68,7 +68,7 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         """
         cache = self.critic.can_cache
         est = batch.estimates
-        with torch.no_grad():
+        with torch.no_grad(), self.gathered(reference=True):  # FSDP: the base's weights whole, no collective per chunk
             for agent in self.agents:
                 trs = [t for t in batch.transitions if t.agent == agent]
                 full = [t for t in trs if t.trainable and t.response_ids]

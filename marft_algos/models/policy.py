@@ -173,6 +173,28 @@ def _checkpoint_with_adapters(tuners: Sequence[Any], fn: Any, *args: Any, **kwar
     return checkpoint(replay, *args, use_reentrant=False, **kwargs)
 
 
+def _load_full_weights(model: nn.Module, path: Path, device: torch.device) -> None:
+    """Load a ``save_model`` file into ``model`` in place (strict; a tied weight saved once
+    under one of its names loads through its alias). Unlike safetensors' ``load_model`` it
+    never reads storage pointers, so FSDP2-sharded (``DTensor``) parameters load too."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path), device=str(device))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    aliased = {n for names in names_of.values() if any(m in state for m in names) for n in names}
+    missing = [k for k in missing if k not in aliased]
+    if missing or unexpected:
+        error = f"Error(s) in loading state_dict for {model.__class__.__name__}:"
+        if missing:
+            error += f"\n    Missing key(s) in state_dict: {', '.join(sorted(missing))}"
+        if unexpected:
+            error += f"\n    Unexpected key(s) in state_dict: {', '.join(sorted(unexpected))}"
+        raise RuntimeError(error)
+
+
 class TeamPolicy:
     """The team's policies: per-role adapters on shared base model(s).
 
@@ -251,6 +273,9 @@ class TeamPolicy:
         self.max_batch = int(max_batch)
         self.merge_for_decode = bool(merge_for_decode)
         self.share_prefixes = bool(share_prefixes)
+        # FSDP2 turns this off: a shared prefix's gradient reaches its layers through the KV
+        # cache, past the layer outputs where FSDP re-gathers the weights for the backward
+        self.share_prefixes_with_grad = True
         self.activation_checkpointing = bool(activation_checkpointing)
         self.seed = seed
         self.stats: Counter[str] = Counter()
@@ -375,6 +400,14 @@ class TeamPolicy:
                     else:
                         params.setdefault(adapter, []).extend(sub.parameters())
         b.adapter_params = params
+
+    def reindex_parameters(self) -> None:
+        """Re-read every base's adapter parameter lists from its modules: after a wrapper that
+        replaces parameter objects (FSDP2 ``fully_shard`` makes them sharded ``DTensor``s),
+        :meth:`trainable_parameters` and :meth:`set_train_role` then act on the new ones."""
+        for b in self._bases:
+            if b.tuner_layers:
+                self._index_adapters(b)
 
     def _setup_full(self, b: LoadedBase, keep_reference: bool) -> None:
         if keep_reference:
@@ -667,7 +700,9 @@ class TeamPolicy:
         checkpointed = bool(b.ckpt_layers) and not reference and not dropout and torch.is_grad_enabled()
         if checkpointed:
             stack.enter_context(self._checkpointing(b))
-        plan = plan_prefixes(prompt_ids) if self.share_prefixes and not checkpointed else None
+        # a forward with grad shares prefixes unless a sharded model forbids it (see share_prefixes_with_grad)
+        share = self.share_prefixes and not checkpointed and (self.share_prefixes_with_grad or not torch.is_grad_enabled())
+        plan = plan_prefixes(prompt_ids) if share else None
         with stack:
             if plan is None:
                 kwargs = dict(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=False, logits_to_keep=rlen)
@@ -802,7 +837,7 @@ class TeamPolicy:
     def load(self, directory: str | os.PathLike[str]) -> None:
         """Load weights written by :meth:`save` into this policy, in place; every adapter
         is trainable afterwards (``requires_grad=True``), ready for a fresh optimizer."""
-        from safetensors.torch import load_file, load_model
+        from safetensors.torch import load_file
 
         src = Path(directory)
         meta_path = src / "policy.json"
@@ -816,7 +851,7 @@ class TeamPolicy:
             raise ValueError(f"saved policy lacks roles {sorted(missing)}")
         if self.mode == "full":
             for b in self._bases:
-                load_model(b.model, str(src / "full" / f"base{b.slot}" / "model.safetensors"))
+                _load_full_weights(b.model, src / "full" / f"base{b.slot}" / "model.safetensors", self.device)
                 for p in b.model.parameters():
                     p.requires_grad_(True)
             return
