@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -319,3 +320,24 @@ def test_memory_roles_table(capsys: pytest.CaptureFixture[str]) -> None:
     (_, _, p1, a1, naive1, *_), (_, _, p2, a2, naive2, *_) = rows
     assert float(a2) > float(a1) > 0  # one adapter per role
     assert float(p2) - float(p1) < float(naive2) - float(naive1)  # a role costs an adapter, not a base
+
+
+def test_rag_untrained_vs_trained(tmp_path: Path) -> None:
+    rag = _load("rag")
+    out = tmp_path / "rag"
+    assert rag.main(["--model", "tiny-random", "--steps", "1", "--eval-n", "2", "--max-new-tokens", "4", "--num-envs", "2",
+                     "--group-size", "2", "--out", str(out)]) == 0
+    cols, team = _csv(out / "rag_team.csv")
+    assert cols == list(rag.TEAM_COLUMNS)
+    assert [r["system"] for r in team] == ["untrained team", "team + grpo", "untrained solo", "solo + grpo"]
+    assert [r["train_steps"] for r in team] == ["0", "1", "0", "1"]
+    for r in team:
+        assert float(r["em_lo"]) <= float(r["em"]) <= float(r["em_hi"]) and float(r["f1_lo"]) <= float(r["f1"]) <= float(r["f1_hi"])
+    cols, agents = _csv(out / "rag_agents.csv")
+    assert cols == list(rag.AGENT_COLUMNS)
+    quartet = ["rewriter", "selector", "filter", "generator"]
+    assert [r["agent"] for r in agents] == quartet * 2 + ["generator"] * 2  # per agent, before and after
+    assert all(float(r["actions"]) == 1.0 and float(r["steps"]) >= 1.0 for r in agents)  # one action per agent per episode
+    text = (out / "rag.md").read_text()
+    assert "load average" in text and "tool_calls" in text
+    assert json.loads((out / "rag.json").read_text())["versions"]["torch"]
