@@ -28,6 +28,10 @@ Builders
 - :func:`turn_level_advantages` -- MARS: each agent's own turn-level returns,
   normalised per agent (no critic; for per-agent rewards in games and self-play).
 
+:func:`once_per_action` prepares per-transition rewards for the per-link estimators when
+an action spans several generated segments (tool calls): a reward repeated on every
+segment of an action enters once, at its last segment.
+
 Inputs may be ``torch.Tensor`` or anything ``numpy.asarray`` accepts; :func:`chain_gae`
 returns the type of its ``rewards`` argument, the builders return numpy ``float64``
 arrays (or lists of them, per action, for tokens).
@@ -50,6 +54,7 @@ __all__ = [
     "grpo_advantages",
     "turn_level_advantages",
     "episode_segments",
+    "once_per_action",
 ]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | Sequence[float] | float
@@ -157,6 +162,26 @@ def episode_segments(episode_ids: ArrayLike | None, n: int) -> list[tuple[Any, i
             segs.append((ids[start], start, i))
             start = i
     return segs
+
+
+def once_per_action(rewards: Sequence[float], action_keys: Sequence[Any]) -> list[float]:
+    """Keep a reward repeated on every segment of an action only on its last segment.
+
+    A tool-calling action is several transitions (segments) that share an action key
+    (``Transition.action_key``); the turn's team reward is written on each of them. An
+    estimator that sums rewards along a chain of transitions would count it once per
+    segment; this keeps it at the action's last segment (0 on the earlier ones), where
+    the action ends, as ``Transition.reward`` and ``credited_reward`` already place it.
+
+    Example: an action of three segments (key ``a``), then a one-segment action::
+
+        >>> once_per_action([1.0, 1.0, 1.0, 0.5], ["a", "a", "a", "b"])
+        [0.0, 0.0, 1.0, 0.5]
+    """
+    if len(rewards) != len(action_keys):
+        raise ValueError(f"action_keys has {len(action_keys)} entries for {len(rewards)} rewards")
+    last = {key: k for k, key in enumerate(action_keys)}
+    return [float(r) if last[key] == k else 0.0 for k, (r, key) in enumerate(zip(rewards, action_keys, strict=True))]
 
 
 def _flat(x: ArrayLike, n: int, name: str) -> np.ndarray:

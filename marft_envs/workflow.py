@@ -44,8 +44,10 @@ program* at that call (it may catch it) and the step is flagged ``unknown_role``
 ``bad_messages``. It returns something that is not a number or a dict of finite
 numbers: reward 0, flag ``bad_program_return``. It calls more than ``max_calls``
 times: the program is closed, reward 0, the episode is truncated, flag
-``max_calls_exceeded``. It awaits anything but ``team.call`` (``asyncio.sleep``,
-``gather``): flag ``foreign_await``, reward 0. It never calls a role: the episode is
+``max_calls_exceeded``. It awaits anything but ``team.call`` (``asyncio.sleep``):
+flag ``foreign_await``, reward 0. It runs calls concurrently (``asyncio.gather`` or
+``create_task`` of several ``team.call``): flag ``concurrent_calls``, reward 0, and
+``info["error"]`` (logged once as a warning) says to await the calls one by one. It never calls a role: the episode is
 over at ``reset()`` (every role dead, flag ``no_calls``, the reward is still its return
 value). A program that loops forever *without* calling cannot be stopped from the same
 thread: keep such work out of programs, or give it its own timeout.
@@ -129,8 +131,10 @@ class _Request:
 
     def __init__(self, role: Any, messages: Any, tools: Any):
         self.role, self.messages, self.tools = role, messages, tools
+        self.awaited = False  # False for a call handed to asyncio.gather / create_task instead
 
     def __await__(self) -> Generator[_Request, Any, str]:
+        self.awaited = True
         reply = yield self
         if isinstance(reply, BaseException):
             raise reply
@@ -246,8 +250,12 @@ class WorkflowTeam:
 
         ``tools``: tool names, :class:`~marft_envs.tools.Tool` objects or schema dicts,
         shown to the collector as ``env.tools(role)``; the reply is returned as text and
-        the program runs any tool call it asks for."""
-        return _Request(role, messages, tools)
+        the program runs any tool call it asks for. Await each call before the next one
+        (calls cannot run concurrently: ``asyncio.gather`` of calls ends the episode,
+        flag ``concurrent_calls``)."""
+        request = _Request(role, messages, tools)
+        self._env._issued.append(request)
+        return request
 
     def grade(self, response: str) -> GradeResult:
         """Grade ``response`` against the problem with the task's grader (never raises)."""
@@ -364,6 +372,8 @@ class WorkflowEnv(TextAECEnv):
         self._step_flags: list[str] = []
         self._error: str | None = None
         self._rng_state: dict[str, Any] | None = None  # the generator at reset (replayed on restore)
+        self._issued: list[_Request] = []  # every team.call of this episode, awaited or not
+        self._warned_concurrent = False
 
     @property
     def num_problems(self) -> int:
@@ -399,14 +409,16 @@ class WorkflowEnv(TextAECEnv):
                 return
             except Exception as e:  # the program raised: end the episode, reward 0
                 self._error = f"{type(e).__name__}: {e}"
-                self._flags.append("program_error")
-                self.stats["program_errors"] += 1
-                logger.info("%s: the program raised %s", self, self._error)
+                if not self._concurrent_calls():
+                    self._flags.append("program_error")
+                    self.stats["program_errors"] += 1
+                    logger.info("%s: the program raised %s", self, self._error)
                 self._finish(None, failed=True)
                 return
             if not isinstance(request, _Request):
                 self._error = f"the program awaited {type(request).__name__}; only team.call can be awaited"
-                self._flags.append("foreign_await")
+                if not self._concurrent_calls():
+                    self._flags.append("foreign_await")
                 self._coro.close()
                 self._finish(None, failed=True)
                 return
@@ -438,6 +450,26 @@ class WorkflowEnv(TextAECEnv):
             self.calls.append(self._pending)
             self.agent_selection = request.role
             return
+
+    def _concurrent_calls(self) -> bool:
+        """Whether the program failed because it ran ``team.call``s concurrently (calls it
+        made but never awaited, e.g. through ``asyncio.gather``): flag it and say how to fix it."""
+        pending = [r for r in self._issued if not r.awaited]
+        if not pending:
+            return False
+        roles = ", ".join(repr(r.role)[:40] for r in pending)
+        self._error = (
+            f"the program issued {len(pending)} team.call(...) ({roles}) without awaiting each one "
+            f"(asyncio.gather / create_task?): calls cannot run concurrently; write `reply = await "
+            f"team.call(...)` for each call, one after another (their order is the dependency order). "
+            f"Underlying error: {self._error}"
+        )
+        self._flags.append("concurrent_calls")
+        self.stats["concurrent_calls"] = self.stats.get("concurrent_calls", 0) + 1
+        if not self._warned_concurrent:
+            self._warned_concurrent = True
+            logger.warning("%s: %s", self, self._error)
+        return True
 
     def _finish(self, value: Any, *, failed: bool = False, truncated: bool = False) -> None:
         self._coro = None
@@ -483,6 +515,7 @@ class WorkflowEnv(TextAECEnv):
     def _start(self) -> None:
         """A fresh coroutine of the program on ``self.problem``, run to its first call."""
         self.calls = []
+        self._issued = []
         self._pending = None
         self._last_grade = None
         self._flags, self._step_flags, self._error = [], [], None
@@ -570,6 +603,7 @@ class WorkflowEnv(TextAECEnv):
         # The program itself is pickled by reference (a module-level function).
         state = self.__dict__.copy()
         state["_coro"] = None
+        state["_issued"] = []  # the replay issues the calls again
         state["_replay"] = self._coro is not None
         return state
 

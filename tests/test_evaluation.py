@@ -278,3 +278,47 @@ def test_leaderboard_reports_win_draw_loss_with_cis_against_fixed_opponents(tmp_
     assert "unknown opponent 'perfect'" in capsys.readouterr().err
     assert main(["--model", "tiny-random", "--env", "game-matrix-v0", "--opponent", "optimal", "--out", str(tmp_path / "bad")]) == 2
     assert "no optimal player for MatrixGameEnv" in capsys.readouterr().err
+
+
+class _SearchingGenerator:
+    """Char-level ids, no model: the RAG solo generator writes a search call and a call of a
+    tool it does not have in one segment, then answers: with the gold for the questions in
+    ``golds``, with "nobody" otherwise."""
+
+    def __init__(self, golds: dict[str, str]) -> None:
+        self.golds = golds
+
+    def encode(self, role, messages):
+        return [ord(c) for c in "\n".join(f"<{m['role']}>{m['content']}" for m in messages)]
+
+    def generate(self, requests):
+        from marft_algos.models import GenResult
+
+        out = []
+        for r in requests:
+            prompt = "".join(chr(i) for i in r.prompt_ids)
+            if "<tool>" not in prompt:
+                text = ('<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'
+                        '<tool_call>{"name": "browse", "arguments": {}}</tool_call>')
+            else:
+                text = "Answer: " + next((g for q, g in self.golds.items() if q in prompt), "nobody")
+            ids = [ord(c) for c in text]
+            out += [GenResult(token_ids=ids, text=text, logprobs=[-0.5] * len(ids), finish_reason="eos")] * r.n
+        return out
+
+
+def test_records_keep_the_score_and_the_tool_use_of_every_step() -> None:
+    from marft_algos.evaluation import agent_tool_stats, run_samples
+
+    env = marft_envs.make("rag-solo-v0", split="test")
+    env.reset(options={"problem_index": 0})
+    golds = {env.problem.question: env.problem.answer}
+    records = run_samples(_SearchingGenerator(golds), "rag-solo-v0", split="test", problems=[0, 1], temperature=None)
+    first, second = records
+    assert [(a["segment"], a["tool_calls"], a["tool_errors"]) for a in first.actions] == [(0, 2, ["unknown_tool"]), (1, 0, [])]
+    assert first.correct and first.score == 1.0  # the answer F1 of the graded turn
+    assert not second.correct and second.score == 0.0
+    (row,) = agent_tool_stats(records, ["generator"])
+    assert (row["episodes"], row["actions"], row["steps"], row["tool_calls"], row["tool_errors"]) == (2, 1.0, 2.0, 2.0, 1.0)
+    assert row["tool_error_rate"] == 0.5 and row["errors_by_kind"] == {"unknown_tool": 2}
+    assert row["tokens"] == sum(a["tokens"] for a in first.actions + second.actions) / 2

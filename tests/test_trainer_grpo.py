@@ -224,3 +224,18 @@ def test_grpo_learns_echo():
     torch.set_num_threads(2)
     t = make(num_envs=16, group_size=4, lr=0.05, seed=0)
     assert_learns_from_chance(t, CHANCE)
+
+
+def test_turn_estimator_counts_the_team_reward_once_per_tool_calling_action():
+    # MARS turn-level returns with the team reward: the speaker's action is two segments (a
+    # tool call, then its reply; one action key), and the collector writes the turn's team
+    # reward on both. Its return is the team reward once (as a one-segment action's and as
+    # the outcome estimator's team_return), not once per segment.
+    t = make(advantage_estimator="turn", normalize_advantages="none")
+    assert t.reward_source == "team"
+    ep = Episode(episode_id=0, group_id=0, seed=0, team_return=1.0)
+    for k, (agent, seg) in enumerate([("speaker", 0), ("speaker", 1), ("listener", 0)]):
+        ep.transitions.append(Transition(0, 0, k, 0, agent, [1], [2], [-1.0], team_reward=1.0, segment=seg,
+                                         action_index=0 if agent == "speaker" else k))
+    t.compute_advantages(RolloutBatch(episodes=[ep]))
+    assert [tr.returns for tr in ep.transitions] == [1.0, 1.0, 1.0]  # turn_gamma 1: the reply's reward reaches the call

@@ -160,3 +160,34 @@ def test_ippo_learns_echo():
     torch.set_num_threads(2)
     t = make(num_envs=16, lr=0.05, critic_lr=0.01, seed=0)
     assert_learns_from_chance(t, CHANCE)
+
+
+def tool_action_batch() -> RolloutBatch:
+    """One graded turn: the speaker's action is three segments (two tool calls, then its
+    reply; one action key), then the listener answers. The collector writes the turn's team
+    reward (1.0) on every transition of the turn, segments included; values are 0."""
+    ep = Episode(episode_id=0, group_id=0, seed=0, team_return=1.0)
+    for k, (agent, seg) in enumerate([("speaker", 0), ("speaker", 1), ("speaker", 2), ("listener", 0)]):
+        ep.transitions.append(Transition(0, 0, k, 0, agent, [1], [2], [-1.0], team_reward=1.0, segment=seg,
+                                         action_index=0 if agent == "speaker" else k, value=0.0,
+                                         reward=1.0 if agent == "listener" else 0.0,
+                                         credited_reward=1.0 if k in (2, 3) else 0.0, done=k in (2, 3)))
+    return RolloutBatch(episodes=[ep])
+
+
+def test_team_reward_enters_once_per_tool_calling_action(trainer):
+    # the speaker's three segments are links of its chain (gamma 0.9, lam 0.8, fixture): the
+    # team reward enters at the last segment only, as "agent" credit and the other trainers
+    # have it; before, every segment got +1 and the tool calls alone were worth 1 + 0.72 ...
+    batch = tool_action_batch()
+    assert trainer.reward_source == "team"
+    trainer.compute_advantages(batch)
+    np.testing.assert_allclose([t.returns for t in batch.transitions], [0.72**2, 0.72, 1.0, 1.0], atol=1e-12)
+    team = [t.returns for t in batch.transitions]
+    old, trainer.config.reward_source = trainer.config.reward_source, "agent"
+    try:
+        batch = tool_action_batch()
+        trainer.compute_advantages(batch)
+    finally:
+        trainer.config.reward_source = old
+    assert [t.returns for t in batch.transitions] == pytest.approx(team)  # the two sources agree here

@@ -311,3 +311,45 @@ def test_calls_before_reset_raise_like_the_other_envs():
     for call in (env.agent_iter, env.last, lambda: env.step("x")):
         with pytest.raises(ResetNeededError, match="call reset"):
             call()
+
+
+async def gathers_calls(team, problem):
+    a, b = await asyncio.gather(team.call("writer", "draft"), team.call("critic", "review"))
+    return 1.0
+
+
+async def creates_tasks(team, problem):
+    task = asyncio.create_task(team.call("writer", "draft"))
+    return float(bool(await task))
+
+
+@pytest.mark.parametrize("program", [gathers_calls, creates_tasks])
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_concurrent_calls_are_a_clear_error_that_says_to_await_them_one_by_one(program, in_thread, caplog):
+    # asyncio.gather / create_task need an event loop; the program is driven without one. In
+    # the main thread gather makes a loop and returns a future (was: flag foreign_await), in a
+    # worker thread (the collector's) it raises "no current event loop" (was: program_error):
+    # both hid that the program's calls were the problem.
+    import threading
+
+    out = {}
+
+    def run():
+        env = make(program)
+        env.reset(seed=0)
+        out["env"] = env
+    if in_thread:
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+    else:
+        try:
+            run()
+        finally:  # gather in the main thread may have made (and set) an event loop
+            asyncio.set_event_loop(None)
+    env = out["env"]
+    info = env.infos[env.agent_selection]
+    assert info["flags"] == ["concurrent_calls", "no_calls"] and info["team_reward"] == 0.0
+    assert "one after another" in info["error"] and "await team.call(...)" in info["error"]
+    assert env.stats["concurrent_calls"] == 1 and env.stats["program_errors"] == 0
+    assert "without awaiting each one" in caplog.text  # a warning, once per env

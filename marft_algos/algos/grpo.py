@@ -198,14 +198,17 @@ class GRPOTrainer(RewardSourceSetting, Trainer):
     def _turn_advantages(self, batch: RolloutBatch) -> None:
         """MARS: each action's return from its agent's own later rewards, normalised per
         (group, agent) (see :func:`~marft_algos.advantages.turn_level_advantages`)."""
-        from marft_algos.advantages import turn_level_advantages
+        from marft_algos.advantages import once_per_action, turn_level_advantages
 
         c = self.config
         trs = batch.transitions
         if not trs:
             return
+        # the team reward is on every tool segment of an action: it enters once, at the last
+        rewards = ([t.credited_reward for t in trs] if self.reward_source == "agent"
+                   else once_per_action([t.team_reward for t in trs], [t.action_key for t in trs]))
         adv, ret = turn_level_advantages(
-            [t.credited_reward if self.reward_source == "agent" else t.team_reward for t in trs],
+            rewards,
             [t.agent for t in trs],
             [t.episode_id for t in trs],
             gamma=c.turn_gamma,

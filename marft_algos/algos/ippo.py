@@ -9,7 +9,8 @@ agent's own transitions of an episode, in order, with no chaining across agents
     A_k     = delta_k + gamma * lam * (1 - done_k) * A_{k+1}
     R_k     = A_k + V_i(o_k)
 
-``r_k`` is the team reward of the turn of action k (``reward_source="team"``) or the
+``r_k`` is the team reward of the turn of action k (``reward_source="team"``; an action
+of several tool segments is one action: the reward enters at its last segment) or the
 reward credited to the agent for action k (``reward_source="agent"``: PettingZoo's
 cumulative rewards, so a game's -1 to the loser, given on the winner's move, counts);
 ``"auto"`` (default) picks ``"agent"`` for envs without a team reward (games).
@@ -136,8 +137,14 @@ class IPPOTrainer(ActionValueEstimation, RewardSourceSetting, Trainer):
         if not trs:
             return
         # own rewards: those credited to the action (t.reward, read right after the agent's own
-        # step, is 0 for every agent but the one that closes the turn)
-        rewards = [t.team_reward if self.reward_source == "team" else t.credited_reward for t in trs]
+        # step, is 0 for every agent but the one that closes the turn). The team reward is
+        # written on every tool segment of an action: it enters once, at the action's last one.
+        if self.reward_source == "team":
+            from marft_algos.advantages import once_per_action
+
+            rewards = once_per_action([t.team_reward for t in trs], [t.action_key for t in trs])
+        else:
+            rewards = [t.credited_reward for t in trs]
         if c.advantage_estimator == "turn":
             from marft_algos.advantages import turn_level_advantages
 

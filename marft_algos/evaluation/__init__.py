@@ -68,6 +68,7 @@ from marft_algos.evaluation.policies import (
     untrained_policy,
 )
 from marft_algos.evaluation.report import (
+    bootstrap_mean,
     fmt,
     markdown_table,
     versions,
@@ -78,6 +79,7 @@ from marft_algos.evaluation.report import (
 )
 from marft_algos.evaluation.samples import (
     SampleRecord,
+    agent_tool_stats,
     play,
     run_samples,
     sampling_overrides,
@@ -112,6 +114,8 @@ __all__ = [
     "UNTRAINED",
     "add_arguments",
     "agent_stats",
+    "agent_tool_stats",
+    "bootstrap_mean",
     "build_parser",
     "check_roles",
     "checkpoint_env",

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["wilson", "wilson_interval", "fmt", "markdown_table", "write_csv", "write_json", "versions"]
+__all__ = ["wilson", "wilson_interval", "bootstrap_mean", "fmt", "markdown_table", "write_csv", "write_json", "versions"]
 
 #: z of a two-sided 95% interval.
 Z95 = 1.959963984540054
@@ -53,6 +53,35 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     (0.0, 1.0)
     """
     return wilson(k / n if n > 0 else float("nan"), n, z)
+
+
+def bootstrap_mean(xs: Sequence[float], level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of ``xs`` and its percentile bootstrap interval.
+
+    For scores with no closed-form interval (answer F1 in [0, 1], mostly 0 or 1): the
+    interval stays inside the range of the data, where a normal interval can leave it.
+    Seeded: the same ``xs`` give the same interval. Empty ``xs``: all NaN.
+
+    >>> bootstrap_mean([0.5, 0.5, 0.5])
+    (0.5, 0.5, 0.5)
+    >>> m, lo, hi = bootstrap_mean([0.0] * 50 + [1.0] * 50); m, round(lo, 2), round(hi, 2)
+    (0.5, 0.4, 0.6)
+    """
+    import random
+
+    vals = [float(x) for x in xs]
+    if not vals:
+        nan = float("nan")
+        return (nan, nan, nan)
+    if not 0 < level < 1 or resamples < 1:
+        raise ValueError(f"level must be in (0, 1) and resamples >= 1, got {level}, {resamples}")
+    rng = random.Random(seed)
+    n = len(vals)
+    means = sorted(sum(rng.choices(vals, k=n)) / n for _ in range(resamples))
+    tail = (1 - level) / 2
+    lo = means[min(resamples - 1, int(math.floor(tail * resamples)))]
+    hi = means[min(resamples - 1, int(math.ceil((1 - tail) * resamples)) - 1)]
+    return (sum(vals) / n, lo, hi)
 
 
 def fmt(v: Any, digits: int = 3) -> str:

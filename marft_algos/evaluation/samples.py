@@ -13,7 +13,8 @@ from typing import Any
 
 from marft_algos.evaluation.report import wilson
 
-__all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "run_samples", "summarize", "by_problem", "overlong_agents", "COST_COMPONENTS"]
+__all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "run_samples", "summarize", "by_problem", "overlong_agents",
+           "agent_tool_stats", "COST_COMPONENTS"]
 
 #: Reward components that are costs (they enter the reward negated; see marft_envs.rewards).
 COST_COMPONENTS = ("chars", "tokens", "turn")
@@ -24,7 +25,10 @@ class SampleRecord:
     """One episode: problem ``problem`` (index in the split), sample ``sample`` of k.
 
     ``reward`` is the team return, ``components`` the sum of each reward component over
-    the graded turns; ``actions`` are the agents' actions in execution order.
+    the graded turns; ``actions`` are the agents' steps in execution order (a tool-calling
+    action is several steps: ``segment`` 0, 1, ...; ``tool_calls`` counts the calls a step
+    made and ``tool_errors`` lists the error kinds of the failed ones). ``score`` is the
+    grader's score of the last graded turn (e.g. answer F1 in RAG; None if never graded).
     """
 
     problem: int
@@ -37,6 +41,7 @@ class SampleRecord:
     actions: list[dict[str, Any]]
     reward: float = 0.0
     components: dict[str, float] = field(default_factory=dict)
+    score: float | None = None
 
 
 def _resets(problems: Sequence[int], k: int, seed: int) -> list[dict[str, Any]]:
@@ -103,19 +108,22 @@ def play(
 
 def to_record(spec: dict[str, Any], ep: Any, seed: int) -> SampleRecord:
     """The :class:`SampleRecord` of episode ``ep`` played from reset spec ``spec`` (see :func:`play`)."""
-    answer, timed_out = None, False
+    answer, timed_out, score = None, False, None
     components: dict[str, float] = {}
     for t in ep.transitions:
         g = t.info.get("grade")
         if isinstance(g, dict):
             answer = g.get("extracted")
             timed_out = timed_out or bool(g.get("timed_out"))
+            if isinstance(g.get("score"), (int, float)):
+                score = float(g["score"])
         comps = t.info.get("reward_components")
         if isinstance(comps, dict) and "team_reward" in t.info:
             for name, v in comps.items():
                 components[name] = components.get(name, 0.0) + float(v)
     actions = [
-        {"agent": t.agent, "tokens": t.num_tokens, "text": t.text, "finish": t.finish_reason, "flags": list(t.flags), "turn": t.turn}
+        {"agent": t.agent, "tokens": t.num_tokens, "text": t.text, "finish": t.finish_reason, "flags": list(t.flags), "turn": t.turn,
+         "segment": t.segment, **_tool_use(t.info)}
         for t in ep.transitions
     ]
     problem = int(spec["options"]["problem_index"])
@@ -130,7 +138,14 @@ def to_record(spec: dict[str, Any], ep: Any, seed: int) -> SampleRecord:
         actions=actions,
         reward=float(ep.team_return),
         components=components,
+        score=score,
     )
+
+
+def _tool_use(info: dict[str, Any]) -> dict[str, Any]:
+    """``tool_calls`` (calls made in this step) and ``tool_errors`` (error kinds of the failed ones)."""
+    calls = [c for c in info.get("tool_calls") or () if isinstance(c, dict)]
+    return {"tool_calls": len(calls), "tool_errors": [str(c["error"]) for c in calls if c.get("error")]}
 
 
 def run_samples(policy: Any, env_id: str, *, seed: int = 1234, **kwargs: Any) -> list[SampleRecord]:
@@ -181,3 +196,46 @@ def summarize(records: Sequence[SampleRecord], k: int | None = None) -> dict[str
 def overlong_agents(record: SampleRecord) -> list[str]:
     """The agents of ``record`` whose prompt did not fit the context (flag ``context_overflow``)."""
     return [a["agent"] for a in record.actions if "context_overflow" in a.get("flags", ())]
+
+
+def agent_tool_stats(records: Sequence[SampleRecord], agents: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per agent, means per episode over ``records``: actions, steps, tool calls, tool errors, tokens.
+
+    One row per agent (``agents`` order, else first appearance): ``episodes``,
+    ``actions`` (an action's tool segments count once), ``steps`` (generated segments),
+    ``tool_calls``, ``tool_errors``, ``tokens`` (sampled tokens, all segments): means per
+    episode; ``tool_error_rate`` = failed / calls over all episodes (0 without calls);
+    ``errors_by_kind``: failed calls per kind, totals (the kinds of
+    :data:`marft_envs.tools.TOOL_ERRORS`).
+
+    >>> r = SampleRecord(0, 0, False, 7, 2, False, None, [
+    ...     {"agent": "a", "tokens": 5, "segment": 0, "tool_calls": 2, "tool_errors": ["unknown_tool"]},
+    ...     {"agent": "a", "tokens": 2, "segment": 1, "tool_calls": 0, "tool_errors": []}])
+    >>> row = agent_tool_stats([r])[0]
+    >>> row["actions"], row["steps"], row["tool_calls"], row["tool_error_rate"], row["errors_by_kind"]
+    (1.0, 2.0, 2.0, 0.5, {'unknown_tool': 1})
+    """
+    order = list(agents) if agents is not None else list(dict.fromkeys(a["agent"] for r in records for a in r.actions))
+    n = len(records)
+    rows = []
+    for agent in order:
+        steps = [a for r in records for a in r.actions if a["agent"] == agent]
+        calls = sum(int(a.get("tool_calls", 0)) for a in steps)
+        kinds: dict[str, int] = {}
+        for a in steps:
+            for kind in a.get("tool_errors", ()):
+                kinds[kind] = kinds.get(kind, 0) + 1
+        errors = sum(kinds.values())
+        per_ep = (lambda x: x / n) if n else (lambda x: float("nan"))
+        rows.append({
+            "agent": agent,
+            "episodes": n,
+            "actions": per_ep(float(sum(1 for a in steps if int(a.get("segment", 0)) == 0))),
+            "steps": per_ep(float(len(steps))),
+            "tool_calls": per_ep(float(calls)),
+            "tool_errors": per_ep(float(errors)),
+            "tool_error_rate": errors / calls if calls else 0.0,
+            "errors_by_kind": dict(sorted(kinds.items())),
+            "tokens": per_ep(float(sum(int(a.get("tokens", 0)) for a in steps))),
+        })
+    return rows
