@@ -523,21 +523,10 @@ class RolloutCollector:
                     continue
                 still_live.append(i)
                 agent = pending
-                role = self.agent_to_role(agent)
-                settings, sampling = self._sampling(env, agent)
-                prompt_ids, round_tools[i] = self._prompt_ids(env, agent, role, open_actions.get((i, agent)), counters)
-                max_new = int(settings.get("max_new_tokens", getattr(sampling, "max_new_tokens", 256)))
-                if self.max_context is not None and len(prompt_ids) + max_new > self.max_context:
-                    room = self.max_context - len(prompt_ids)
-                    if room < 1:
-                        # No room for even one token: a handled, counted case (never truncate the
-                        # prompt silently, it would train on a context the agent never saw).
-                        counters["rollout/overlong"] += 1
-                        self._overflowed(agent, len(prompt_ids), counters)
-                        overlong.append((i, agent, prompt_ids))
-                        continue
-                    counters["rollout/context_capped"] += 1
-                    sampling = dataclasses.replace(sampling, max_new_tokens=room) if dataclasses.is_dataclass(sampling) else sampling
+                role, prompt_ids, round_tools[i], sampling = self._request_parts(env, agent, open_actions.get((i, agent)), counters)
+                if sampling is None:
+                    overlong.append((i, agent, prompt_ids))
+                    continue
                 from marft_algos.models import GenRequest
 
                 requests.append(GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling))
@@ -611,19 +600,10 @@ class RolloutCollector:
                 if agent is None or steps[i] >= self.max_steps_per_episode:
                     self._finish(env, ep)
                     return []
-                role = self.agent_to_role(agent)
-                settings, sampling = self._sampling(env, agent)
-                prompt_ids, tools = self._prompt_ids(env, agent, role, open_actions.get((i, agent)), counters)
-                max_new = int(settings.get("max_new_tokens", getattr(sampling, "max_new_tokens", 256)))
-                if self.max_context is not None and len(prompt_ids) + max_new > self.max_context:
-                    room = self.max_context - len(prompt_ids)
-                    if room < 1:
-                        counters["rollout/overlong"] += 1
-                        self._overflowed(agent, len(prompt_ids), counters)
-                        step(i, agent, prompt_ids, None, 1.0, tools)
-                        continue
-                    counters["rollout/context_capped"] += 1
-                    sampling = dataclasses.replace(sampling, max_new_tokens=room) if dataclasses.is_dataclass(sampling) else sampling
+                role, prompt_ids, tools, sampling = self._request_parts(env, agent, open_actions.get((i, agent)), counters)
+                if sampling is None:
+                    step(i, agent, prompt_ids, None, 1.0, tools)
+                    continue
                 owners[i] = (agent, prompt_ids, _temperature(sampling), tools)
                 return [(i, GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling))]
 
@@ -820,6 +800,26 @@ class RolloutCollector:
                 ep.correct = bool(grade["correct"])
             elif ep.correct is None:
                 ep.correct = team_r > 0
+
+    def _request_parts(self, env: Any, agent: str, open_action: Any, counters: dict[str, float]) -> tuple[str, list[int], Any, Any]:
+        """``(role, prompt_ids, tools, sampling)`` of ``agent``'s next generation; ``max_new_tokens``
+        is capped to what fits ``max_context`` (counted as ``context_capped``). ``sampling`` is
+        None when not even one token fits: a handled, counted case, stepped with "" by the
+        caller (never truncate the prompt silently, it would train on a context the agent
+        never saw)."""
+        role = self.agent_to_role(agent)
+        settings, sampling = self._sampling(env, agent)
+        prompt_ids, tools = self._prompt_ids(env, agent, role, open_action, counters)
+        max_new = int(settings.get("max_new_tokens", getattr(sampling, "max_new_tokens", 256)))
+        if self.max_context is not None and len(prompt_ids) + max_new > self.max_context:
+            room = self.max_context - len(prompt_ids)
+            if room < 1:
+                counters["rollout/overlong"] += 1
+                self._overflowed(agent, len(prompt_ids), counters)
+                return role, prompt_ids, tools, None
+            counters["rollout/context_capped"] += 1
+            sampling = dataclasses.replace(sampling, max_new_tokens=room) if dataclasses.is_dataclass(sampling) else sampling
+        return role, prompt_ids, tools, sampling
 
     def _overflowed(self, agent: str, prompt_tokens: int, counters: dict[str, float]) -> None:
         """An agent's prompt left no room for a token: count it per agent, warn once, or stop (strict)."""

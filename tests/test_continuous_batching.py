@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.policies import perturb
 
 import marft_envs
 from marft_algos.engines import GenerationEngine
@@ -20,18 +21,12 @@ from marft_algos.rollout import RolloutCollector
 ROLES = ["planner", "solver"]
 
 
-def _perturb(policy: TeamPolicy, scale: float = 0.1, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for role in policy.roles:
-            for p in policy.trainable_parameters(role):
-                p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
 @pytest.fixture(scope="module")
 def policy() -> TeamPolicy:
     pol = TeamPolicy(ROLES, base="tiny-random", max_context=256)
-    _perturb(pol)  # distinct adapters: a row decoded with the wrong one would show
+    perturb(pol)  # distinct adapters: a row decoded with the wrong one would show
     return pol
 
 
@@ -178,7 +173,7 @@ def test_collector_with_continuous_batching_plays_the_same_greedy_episodes(env_i
     out = {}
     for continuous in (False, True):
         policy = TeamPolicy(agents, base="tiny-random")
-        _perturb(policy)
+        perturb(policy)
         col = RolloutCollector(lambda: marft_envs.make(env_id), policy, num_envs=6, group_size=2, seed=4,
                                sampling_overrides=sampling, continuous_batching=continuous)
         out[continuous] = [col.collect() for _ in range(2)]
