@@ -90,7 +90,7 @@ COMPARISONS: list[tuple[str, str]] = [
     ("untrained-duo", "untrained-solo"),
 ]
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
-                 "steps", "train_minutes", "job_minutes", "eval_tokens_per_episode", "status"]
+                 "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "status"]
 DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]
 
 
@@ -211,7 +211,7 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
     import torch
 
     torch.set_num_threads(args.threads)
-    t_job = time.perf_counter()
+    t_job, cpu_job = time.perf_counter(), time.process_time()
     env_id = _env_id(args, system.env)
     rec: dict[str, Any] = {"system": system.name, "seed": seed, "env_id": env_id, "env_kwargs": json.loads(args.env_kwargs),
                            "model": args.model, "algo": system.algo, "eval_n": args.eval_n}
@@ -227,20 +227,23 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
         spec, config = _config(system, seed, args, out / "rundirs" / system.name / f"seed{seed}")
         trainer = spec.trainer_cls(config)
         tokens, curve, spent = 0, [], 0.0
+        cpu = 0.0
         while tokens < args.token_budget and trainer.global_step < args.max_steps:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             m = trainer.train_step()
             spent += time.perf_counter() - t0
+            cpu += time.process_time() - c0
             tokens += int(m.get("rollout/tokens", 0))
             curve.append(_step_record(m, tokens, spent / 60))
             print(f"[equal-budget] {system.name} seed {seed} step {trainer.global_step}: reward {m.get('team/reward', float('nan')):.3f}, "
                   f"{tokens}/{args.token_budget} tokens, {spent / 60:.1f} min", flush=True)
         if trainer.logger is not None:
             trainer.logger.flush()
-        rec.update(train_tokens=tokens, steps=trainer.global_step, train_minutes=spent / 60, curve=curve,
+        rec.update(train_tokens=tokens, steps=trainer.global_step, train_minutes=spent / 60, train_cpu_minutes=cpu / 60, curve=curve,
                    config={k: v for k, v in config.to_dict().items() if k in ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides")})
         rec["eval"] = _heldout(trainer.policy, env_id, args)
     rec["job_minutes"] = (time.perf_counter() - t_job) / 60
+    rec["job_cpu_minutes"] = (time.process_time() - cpu_job) / 60  # on a shared CPU, wall clock overstates the cost
     rec["correct_per_problem"] = rec["eval"]["correct_per_problem"]
     rec["accuracy"] = float(np.mean(rec["correct_per_problem"])) if rec["correct_per_problem"] else float("nan")
     return rec
@@ -402,6 +405,7 @@ def _row(s: System, recs: list[dict[str, Any]], args: argparse.Namespace) -> dic
         "pooled_ci": f"[{lo:.3f}, {hi:.3f}]", "problems": len(recs[0]["correct_per_problem"]),
         "train_tokens": " ".join(str(r["train_tokens"]) for r in recs), "steps": " ".join(str(r["steps"]) for r in recs),
         "train_minutes": " ".join(f"{r['train_minutes']:.1f}" for r in recs), "job_minutes": " ".join(f"{r['job_minutes']:.1f}" for r in recs),
+        "job_cpu_minutes": " ".join(f"{r.get('job_cpu_minutes', float('nan')):.1f}" for r in recs),
         "eval_tokens_per_episode": float(np.mean([r["eval"]["mean_tokens"] for r in recs])), "status": "ok",
     }
 
