@@ -1,6 +1,8 @@
 """Equal-budget baselines: does training the team beat training one agent, or sampling it more?
 
-    python benchmarks/equal_budget.py --jobs 2 --out runs/equal_budget                 # easy arith level
+    python benchmarks/equal_budget.py --jobs 2 --out runs/equal_budget                 # easy arith level, ~6 duo steps per run
+    python benchmarks/equal_budget.py --jobs 2 --token-budget 3500 --eval-n 100 --num-envs-eval 50 \
+        --out runs/equal_budget                                                      # the run of docs/results.md (~3 duo steps)
     python benchmarks/equal_budget.py --jobs 2 --env-kwargs '{}' --token-budget 40000 \\
         --out runs/equal_budget-default                                              # the default arith level
     python benchmarks/equal_budget.py --report-only --out runs/equal_budget          # rebuild the report
@@ -443,7 +445,7 @@ def _stability(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _per_agent(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Which agent moved: each agent's training metrics, first step vs last step, mean over seeds; eval tokens vs untrained."""
-    base = {r["system"]: r for r in (runs.get("untrained-duo") or [])[:1]}
+    base = {r["system"]: r for n in ("untrained-solo", "untrained-duo") for r in (runs.get(n) or [])[:1]}
     rows = []
     for s in SYSTEMS:
         if not s.trained or not runs.get(s.name):
@@ -458,7 +460,8 @@ def _per_agent(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 if None not in first and None not in last:
                     row[f"{m} first->last"] = f"{np.mean(first):.3g} -> {np.mean(last):.3g}"
             toks = [r["eval"].get("per_agent_tokens", {}).get(a) for r in recs]
-            ub = base.get("untrained-duo", {}).get("eval", {}).get("per_agent_tokens", {}).get(a) if s.env == "duo" else None
+            ref = {"solo": "untrained-solo", "duo": "untrained-duo"}.get(s.env, "")
+            ub = base.get(ref, {}).get("eval", {}).get("per_agent_tokens", {}).get(a)
             if None not in toks:
                 row["eval tokens (untrained)"] = f"{np.mean(toks):.1f}" + (f" ({ub:.1f})" if ub is not None else "")
             rows.append(row)
@@ -509,7 +512,7 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
     stab = _stability(runs)
     agents = _per_agent(runs)
     meta = versions()
-    agent_cols = sorted({k for r in agents for k in r}, key=lambda k: (k not in ("system", "agent"), k))
+    agent_cols = ["system", "agent", *sorted({k for r in agents for k in r} - {"system", "agent"})]
     text = (
         "# Equal-budget baselines\n\n"
         f"`{command}`\n\n"
