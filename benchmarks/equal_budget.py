@@ -216,7 +216,7 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
     t_job, cpu_job = time.perf_counter(), time.process_time()
     env_id = _env_id(args, system.env)
     rec: dict[str, Any] = {"system": system.name, "seed": seed, "env_id": env_id, "env_kwargs": json.loads(args.env_kwargs),
-                           "model": args.model, "algo": system.algo, "eval_n": args.eval_n}
+                           "model": args.model, "algo": system.algo, "eval_n": args.eval_n, "token_budget": args.token_budget}
     if system.majority:
         rec.update(_majority(seed, args, out))
     elif not system.trained:
@@ -512,13 +512,17 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
     stab = _stability(runs)
     agents = _per_agent(runs)
     meta = versions()
+    budgets = sorted({r.get("token_budget", args.token_budget) for rs in runs.values() for r in rs if r.get("algo")})
+    budget = " / ".join(map(str, budgets)) if budgets else str(args.token_budget)  # as recorded by the runs
+    n_problems = max((len(r["correct_per_problem"]) for rs in runs.values() for r in rs), default=args.eval_n)
     agent_cols = ["system", "agent", *sorted({k for r in agents for k in r} - {"system", "agent"})]
     text = (
         "# Equal-budget baselines\n\n"
         f"`{command}`\n\n"
         f"model `{args.model}`, envs solo `{args.solo_env}` / duo `{args.duo_env}` / MALT `{args.malt_env}` / ReMA `{args.rema_env}` "
-        f"with env kwargs `{args.env_kwargs}`; training budget {args.token_budget} generated tokens per trained run (the last step may "
-        f"overshoot: see train_tokens); held-out: test problems 0..{args.eval_n - 1}, greedy; seeds {args.seeds}; "
+        f"with env kwargs `{args.env_kwargs}`; training budget {budget} generated tokens per trained run (the last step may "
+        f"overshoot: see train_tokens); held-out: test problems 0..{n_problems - 1} (the first --eval-n {args.eval_n}, or the whole "
+        f"split when smaller), greedy; seeds {args.seeds}; "
         f"bootstrap {args.bootstrap} replicates; versions: " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n"
         + markdown_table(rows, TABLE_COLUMNS)
         + "\n\n## Paired differences (A - B, mean over seeds; 95% paired bootstrap interval)\n\n"
@@ -563,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads per job")
     p.add_argument("--systems", default="", help="comma-separated subset of systems (default all): " + ",".join(BY_NAME))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override of every trained system")
-    p.add_argument("--report-only", action="store_true", help="rebuild the report from the JSONs in --out")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from the JSONs in --out (pass the run's flags)")
     p.add_argument("--job", default="", help=argparse.SUPPRESS)  # SYSTEM:SEED, run by the queue
     p.add_argument("--out", default="runs/equal_budget")
     return p

@@ -381,17 +381,17 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
 def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
     """tiny-random, tiny budgets, in-process jobs: JSONs per (system, seed), resumable, report with 'not run'."""
     out = tmp_path / "eb"
-    argv = ["--model", "tiny-random", "--token-budget", "20", "--eval-n", "4", "--seeds", "0,1", "--jobs", "0",
+    argv = ["--model", "tiny-random", "--token-budget", "10", "--eval-n", "3", "--seeds", "0,1", "--jobs", "0",
             "--set", "num_envs=2", "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "200",
             "--systems", "untrained-solo,untrained-duo,solo-majk,duo-grpo", "--out", str(out)]
     assert eb.main(argv) == 0
     rec = json.loads((out / "runs" / "duo-grpo" / "seed1.json").read_text())
-    assert rec["train_tokens"] >= 20 and rec["steps"] == len(rec["curve"]) >= 1
+    assert rec["train_tokens"] >= 10 and rec["steps"] == len(rec["curve"]) >= 1
     assert rec["curve"][-1]["tokens_so_far"] == rec["train_tokens"]
-    assert len(rec["correct_per_problem"]) == 4 and set(rec["correct_per_problem"]) <= {0, 1}
+    assert len(rec["correct_per_problem"]) == 3 and set(rec["correct_per_problem"]) <= {0, 1}
     assert rec["config"]["normalize_advantages"] == "agent" and rec["config"]["group_size"] == 2
     majk = json.loads((out / "runs" / "solo-majk" / "seed0.json").read_text())
-    assert majk["k"] >= 3 and len(majk["correct_per_problem"]) == 4
+    assert majk["k"] >= 3 and len(majk["correct_per_problem"]) == 3
     assert not (out / "runs" / "untrained-duo" / "seed1.json").exists()  # greedy: one job
     mtime = (out / "runs" / "duo-grpo" / "seed0.json").stat().st_mtime
     assert eb.main(argv) == 0  # everything done: skipped, report rebuilt
