@@ -324,6 +324,17 @@ def _write_job(out: Path, name: str, seed: int, rec: dict[str, Any]) -> None:
           f"{rec['steps']} steps, {rec['job_minutes']:.1f} min", flush=True)
 
 
+def _live_pid(out: Path, system: str, seed: int) -> int | None:
+    """The pid of a live process running job (system, seed) per its pid file, or None."""
+    f = _job_path(out, system, seed).with_suffix(".pid")
+    try:
+        pid = int(f.read_text())
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return pid if f"{system}:{seed}" in cmd else None
+
+
 def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
     """Run the pending jobs, ``--jobs`` at a time, each a subprocess with one thread; log to ``<out>/logs``."""
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -333,18 +344,26 @@ def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
             if all(_job_path(out, *d).exists() for d in _deps(name, seeds)):
                 _write_job(out, name, seed, run_job(BY_NAME[name], seed, args, out))
         return
-    running: dict[tuple[str, int], tuple[subprocess.Popen, float, Any]] = {}
+    running: dict[tuple[str, int], tuple[subprocess.Popen | int, float, Any]] = {}
+    for job in list(pending):  # a job still running from a stopped scheduler is adopted, not started twice
+        pid = _live_pid(out, *job)
+        if pid is not None:
+            pending.remove(job)
+            running[job] = (pid, time.time(), None)
+            print(f"[equal-budget] adopted running {job[0]} seed {job[1]} (pid {pid})", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     failed: set[tuple[str, int]] = set()
     while pending or running:
         for job, (proc, t0, log) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            log.close()
+            if (proc.poll() is None) if isinstance(proc, subprocess.Popen) else (_live_pid(out, *job) is not None):
+                continue  # still running
+            if log is not None:
+                log.close()
             del running[job]
-            ok = proc.returncode == 0 and _job_path(out, *job).exists()
+            code = proc.returncode if isinstance(proc, subprocess.Popen) else 0
+            ok = code == 0 and _job_path(out, *job).exists()
             print(f"[equal-budget] {'done' if ok else 'FAILED'} {job[0]} seed {job[1]} in {(time.time() - t0) / 60:.1f} min"
-                  + ("" if ok else f" (exit {proc.returncode}; see {out}/logs/{job[0]}/seed{job[1]}.log)"), flush=True)
+                  + ("" if ok else f" (exit {code}; see {out}/logs/{job[0]}/seed{job[1]}.log)"), flush=True)
             if not ok:
                 failed.add(job)
         for job in list(pending):
@@ -362,7 +381,10 @@ def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
             logp.parent.mkdir(parents=True, exist_ok=True)
             log = logp.open("a")
             print(f"[equal-budget] start {job[0]} seed {job[1]}", flush=True)
-            running[job] = (subprocess.Popen(_job_argv(argv, *job), stdout=log, stderr=subprocess.STDOUT, env=env), time.time(), log)
+            proc = subprocess.Popen(_job_argv(argv, *job), stdout=log, stderr=subprocess.STDOUT, env=env)
+            _job_path(out, *job).parent.mkdir(parents=True, exist_ok=True)
+            _job_path(out, *job).with_suffix(".pid").write_text(str(proc.pid))
+            running[job] = (proc, time.time(), log)
         if running:
             time.sleep(2)
         elif pending:  # nothing can start: the dependencies failed or are not in the selection

@@ -404,3 +404,20 @@ def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
     diff = next(d for d in report["differences"] if d["a"] == "duo-grpo" and d["b"] == "untrained-duo")
     assert diff["ci_low"] <= diff["difference"] <= diff["ci_high"] and diff["seeds_a"] == 2
     assert (out / "equal_budget.png").is_file() and "not run" in (out / "equal_budget.md").read_text()
+
+
+def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_path: Path) -> None:
+    """A restarted scheduler sees a job still running (pid file + matching command line) and does not start it twice."""
+    path = tmp_path / "runs" / "duo-grpo" / "seed0.pid"
+    path.parent.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--job", "duo-grpo:0"])
+    try:
+        path.write_text(str(proc.pid))
+        assert eb._live_pid(tmp_path, "duo-grpo", 0) == proc.pid
+        assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # no pid file
+        (tmp_path / "runs" / "duo-grpo" / "seed1.pid").write_text(str(proc.pid))
+        assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # a live pid running another job
+    finally:
+        proc.kill()
+        proc.wait()
+    assert eb._live_pid(tmp_path, "duo-grpo", 0) is None
