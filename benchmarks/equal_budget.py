@@ -264,7 +264,10 @@ def _majority(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     agents = _agents(args.solo_env, env_kwargs)
     policy = untrained_policy(agents, args.model)
     (limit,) = {s["max_new_tokens"] for s in _sampling(agents, args).values()}
-    recs = run_samples(policy, args.solo_env, split="test", env_kwargs=env_kwargs, problems=list(range(args.eval_n)), k=k,
+    import marft_envs
+
+    n = min(args.eval_n, marft_envs.make(args.solo_env, split="test", **env_kwargs).num_problems)  # the problems evaluate() plays
+    recs = run_samples(policy, args.solo_env, split="test", env_kwargs=env_kwargs, problems=list(range(n)), k=k,
                        temperature=0.7, max_new_tokens=limit, num_envs=args.num_envs_eval, seed=1234 + 7919 * seed)
     votes = sorted(majority_vote(recs, budget=k, k=1), key=lambda r: r.problem)
     s = summarize(votes)
