@@ -421,3 +421,14 @@ def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_p
         proc.kill()
         proc.wait()
     assert eb._live_pid(tmp_path, "duo-grpo", 0) is None
+
+
+def test_equal_budget_majk_plays_the_same_problems_when_eval_n_exceeds_the_split(eb: ModuleType, tmp_path: Path) -> None:
+    """--eval-n above the split size: evaluate() plays the whole split, and maj@k must vote on exactly those problems."""
+    out = tmp_path / "eb"
+    assert eb.main(["--model", "tiny-random", "--env-kwargs", '{"digits": 1, "ops": "-"}', "--eval-n", "30", "--seeds", "0",
+                    "--jobs", "0", "--max-new-tokens", "2", "--bootstrap", "50", "--systems", "untrained-solo,untrained-duo,solo-majk",
+                    "--out", str(out)]) == 0
+    n = [len(json.loads((out / "runs" / s / "seed0.json").read_text())["correct_per_problem"])
+         for s in ("untrained-solo", "untrained-duo", "solo-majk")]
+    assert n == [24, 24, 24]  # the test split of this level has 24 problems
