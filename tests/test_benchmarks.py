@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -370,3 +371,114 @@ def test_rag_default_model_reports_tool_use_per_agent(tmp_path: Path) -> None:
         assert r["errors_by_kind"] == "-" or errors > 0
         if r["agent"] != "selector":  # only the selector has the search tool
             assert calls == 0.0 and float(r["steps"]) == 1.0
+
+
+# --------------------------------------------------------------------------------------
+# equal-budget baselines (benchmarks/equal_budget.py)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eb() -> ModuleType:
+    return _load("equal_budget")
+
+
+def test_paired_bootstrap_constant_shift_is_exact(eb: ModuleType) -> None:
+    """b = a - 0.25 on every problem and seed: every replicate's difference is exactly 0.25."""
+    rng = np.random.default_rng(1)
+    a = np.tile(rng.integers(0, 2, 50).astype(float), (3, 1))
+    d = eb.paired_bootstrap(a, a - 0.25, reps=500)
+    assert d["difference"] == pytest.approx(0.25)
+    assert d["ci_low"] == pytest.approx(0.25) and d["ci_high"] == pytest.approx(0.25)
+
+
+def test_paired_bootstrap_identical_systems_center_on_zero(eb: ModuleType) -> None:
+    """The same 0/1 results for both systems: the pairing makes every replicate 0 (one seed each)."""
+    a = np.random.default_rng(2).integers(0, 2, (1, 80)).astype(float)
+    assert eb.paired_bootstrap(a, a.copy(), reps=500) == {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    # several differing seeds drawn independently per system: an interval around 0, not degenerate
+    s = np.random.default_rng(3).integers(0, 2, (3, 80)).astype(float)
+    d = eb.paired_bootstrap(s, s.copy(), reps=2000)
+    assert d["difference"] == 0.0 and d["ci_low"] < 0 < d["ci_high"]
+    assert d["ci_low"] == pytest.approx(-d["ci_high"], abs=0.03)
+
+
+def test_paired_bootstrap_pairing_narrows_the_interval(eb: ModuleType) -> None:
+    """b right on a's problems but one: the paired interval is tight; unpaired problems would give ~+-0.14."""
+    a = np.random.default_rng(4).integers(0, 2, (1, 100)).astype(float)
+    b = a.copy()
+    b[0, np.argmax(a[0])] = 0.0  # one problem fewer right
+    d = eb.paired_bootstrap(a, b, reps=2000)
+    assert d["difference"] == pytest.approx(0.01)
+    assert 0.0 <= d["ci_low"] and d["ci_high"] <= 0.04
+
+
+def test_paired_bootstrap_rejects_unpaired_problem_sets(eb: ModuleType) -> None:
+    with pytest.raises(ValueError, match="same non-empty problem set"):
+        eb.paired_bootstrap(np.zeros((2, 5)), np.zeros((2, 6)))
+
+
+def test_equal_budget_queue_order(eb: ModuleType) -> None:
+    q = eb.queue([0, 1, 2])
+    assert q[:2] == [("untrained-solo", 0), ("untrained-duo", 0)]
+    assert q[2:5] == [("solo-majk", 0), ("solo-majk", 1), ("solo-majk", 2)]
+    core = ["solo-grpo", "duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo"]
+    assert q[5:20] == [(s, k) for k in (0, 1, 2) for s in core]
+    assert {s for s, _ in q[20:]} == {"malt-grpo", "rema-grpo"}
+    assert eb.grad_spikes([1.0, 1.0, 1.0, 3.5, float("nan")]) == 1 and eb.grad_spikes([0.0, 0.0]) == 0
+
+
+def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
+    """tiny-random, tiny budgets, in-process jobs: JSONs per (system, seed), resumable, report with 'not run'."""
+    out = tmp_path / "eb"
+    argv = ["--model", "tiny-random", "--token-budget", "10", "--eval-n", "3", "--seeds", "0,1", "--jobs", "0",
+            "--set", "num_envs=2", "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "200",
+            "--systems", "untrained-solo,untrained-duo,solo-majk,duo-grpo", "--out", str(out)]
+    assert eb.main(argv) == 0
+    rec = json.loads((out / "runs" / "duo-grpo" / "seed1.json").read_text())
+    assert rec["train_tokens"] >= 10 and rec["steps"] == len(rec["curve"]) >= 1
+    assert rec["curve"][-1]["tokens_so_far"] == rec["train_tokens"]
+    assert len(rec["correct_per_problem"]) == 3 and set(rec["correct_per_problem"]) <= {0, 1}
+    assert rec["config"]["normalize_advantages"] == "agent" and rec["config"]["group_size"] == 2
+    majk = json.loads((out / "runs" / "solo-majk" / "seed0.json").read_text())
+    assert majk["k"] >= 3 and len(majk["correct_per_problem"]) == 3
+    assert not (out / "runs" / "untrained-duo" / "seed1.json").exists()  # greedy: one job
+    mtime = (out / "runs" / "duo-grpo" / "seed0.json").stat().st_mtime
+    assert eb.main(argv) == 0  # everything done: skipped, report rebuilt
+    assert (out / "runs" / "duo-grpo" / "seed0.json").stat().st_mtime == mtime
+    cols, rows = _csv(out / "equal_budget.csv")
+    assert cols == eb.TABLE_COLUMNS
+    status = {r["system"].split(" ")[0]: r["status"] for r in rows}
+    assert status["duo-grpo"] == "ok" and status["duo-marft-action"] == "not run"
+    report = json.loads((out / "equal_budget.json").read_text())
+    diff = next(d for d in report["differences"] if d["a"] == "duo-grpo" and d["b"] == "untrained-duo")
+    assert diff["ci_low"] <= diff["difference"] <= diff["ci_high"] and diff["seeds_a"] == 2
+    assert (out / "equal_budget.png").is_file() and "not run" in (out / "equal_budget.md").read_text()
+
+
+def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_path: Path) -> None:
+    """A restarted scheduler sees a job still running (pid file + matching command line) and does not start it twice."""
+    path = tmp_path / "runs" / "duo-grpo" / "seed0.pid"
+    path.parent.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--job", "duo-grpo:0"])
+    try:
+        path.write_text(str(proc.pid))
+        assert eb._live_pid(tmp_path, "duo-grpo", 0) == proc.pid
+        assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # no pid file
+        (tmp_path / "runs" / "duo-grpo" / "seed1.pid").write_text(str(proc.pid))
+        assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # a live pid running another job
+    finally:
+        proc.kill()
+        proc.wait()
+    assert eb._live_pid(tmp_path, "duo-grpo", 0) is None
+
+
+def test_equal_budget_majk_plays_the_same_problems_when_eval_n_exceeds_the_split(eb: ModuleType, tmp_path: Path) -> None:
+    """--eval-n above the split size: evaluate() plays the whole split, and maj@k must vote on exactly those problems."""
+    out = tmp_path / "eb"
+    assert eb.main(["--model", "tiny-random", "--env-kwargs", '{"digits": 1, "ops": "-"}', "--eval-n", "30", "--seeds", "0",
+                    "--jobs", "0", "--max-new-tokens", "2", "--bootstrap", "50", "--systems", "untrained-solo,untrained-duo,solo-majk",
+                    "--out", str(out)]) == 0
+    n = [len(json.loads((out / "runs" / s / "seed0.json").read_text())["correct_per_problem"])
+         for s in ("untrained-solo", "untrained-duo", "solo-majk")]
+    assert n == [24, 24, 24]  # the test split of this level has 24 problems

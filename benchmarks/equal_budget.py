@@ -1,0 +1,622 @@
+"""Equal-budget baselines: does training the team beat training one agent, or sampling it more?
+
+    python benchmarks/equal_budget.py --jobs 2 --out runs/equal_budget                 # easy arith level, ~6 duo steps per run
+    python benchmarks/equal_budget.py --jobs 2 --token-budget 3500 --eval-n 100 --num-envs-eval 50 \
+        --out runs/equal_budget                                                      # the run of docs/results.md (~3 duo steps)
+    python benchmarks/equal_budget.py --jobs 2 --env-kwargs '{}' --token-budget 40000 \\
+        --out runs/equal_budget-default                                              # the default arith level
+    python benchmarks/equal_budget.py --report-only --out runs/equal_budget          # rebuild the report
+    python benchmarks/equal_budget.py --model tiny-random --token-budget 40 --eval-n 4 --seeds 0,1 \\
+        --set num_envs=2 --max-new-tokens 4 --out /tmp/eb                           # smoke
+
+Systems (every trained one gets the same budget of GENERATED TRAINING TOKENS,
+``--token-budget``, counted from the trainer's ``rollout/tokens`` per step; training stops
+at the first step that reaches it, so the last step may overshoot, and the exact count is
+recorded): untrained solo; solo trained with GRPO; solo maj@k at the untrained duo's
+inference tokens (k = round(duo tokens/episode / solo tokens/episode), at least 3,
+sampled at temperature 0.7); untrained duo; duo trained with marft-action, marft-token,
+grpo (agent-wise normalisation, Dr. MAS) and ippo; the MALT trio and the ReMA duo trained
+with GRPO (last in the queue). Recipe: the quickstart's (``marft_algos.cli``), GRPO
+group size 4. Held-out: test problems 0..eval_n-1, greedy, the same token limits.
+
+Each (system, seed) is an independent job writing ``<out>/runs/<system>/seed<k>.json``
+(per-problem 0/1 correctness, tokens, steps, minutes, per-step metrics); an existing JSON
+is skipped, so the run can be stopped and restarted. ``--jobs N`` runs N jobs at once as
+subprocesses with one thread each. The report (``equal_budget.md/.csv/.json/.png``) has
+per-system means over seeds, Wilson intervals of the pooled accuracy and paired
+bootstrap intervals of the differences (:func:`paired_bootstrap`); a system without a
+JSON is reported as "not run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
+
+from benchmarks._common import markdown_table, versions, wilson, write_csv, write_json  # noqa: E402
+from marft_algos.cli import QUICKSTART_ARITH_LEVEL, QUICKSTART_RECIPE, QUICKSTART_SAMPLING  # noqa: E402
+
+__all__ = ["main", "build_parser", "paired_bootstrap", "SYSTEMS", "System", "queue", "COMPARISONS", "TABLE_COLUMNS", "DIFF_COLUMNS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """One system of the comparison: ``env`` is "solo", "duo", "malt" or "rema" (the env flag that plays it)."""
+
+    name: str
+    env: str
+    algo: str | None = None  # None: untrained
+    overrides: tuple[tuple[str, Any], ...] = ()
+    majority: bool = False
+    core: bool = True  # the MALT/ReMA extras are not core: they run last
+
+    @property
+    def trained(self) -> bool:
+        """True when the system is trained (its seeds are training seeds)."""
+        return self.algo is not None
+
+
+SYSTEMS: list[System] = [
+    System("untrained-solo", "solo"),
+    System("untrained-duo", "duo"),
+    System("solo-majk", "solo", majority=True),
+    System("solo-grpo", "solo", "grpo"),
+    System("duo-marft-action", "duo", "marft-action"),
+    System("duo-marft-token", "duo", "marft-token"),
+    System("duo-grpo", "duo", "grpo", (("normalize_advantages", "agent"),)),
+    System("duo-ippo", "duo", "ippo"),
+    System("malt-grpo", "malt", "grpo", (("normalize_advantages", "agent"),), core=False),
+    System("rema-grpo", "rema", "grpo", (("normalize_advantages", "agent"),), core=False),
+]
+BY_NAME = {s.name: s for s in SYSTEMS}
+#: Paired differences of the report: (A, B) reads "A - B".
+COMPARISONS: list[tuple[str, str]] = [
+    *[(d, "solo-grpo") for d in ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")],
+    *[(d, "untrained-duo") for d in ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")],
+    ("duo-marft-action", "duo-grpo"),
+    ("duo-marft-token", "duo-grpo"),
+    *[(d, "solo-majk") for d in ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")],
+    ("solo-grpo", "untrained-solo"),
+    ("untrained-duo", "untrained-solo"),
+]
+TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
+                 "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "status"]
+DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]
+
+
+# --------------------------------------------------------------------------------------
+# statistics
+# --------------------------------------------------------------------------------------
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, reps: int = 10_000, level: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """Paired bootstrap of mean_over_seeds(a) - mean_over_seeds(b) on the same problems.
+
+    ``a`` and ``b`` are (seeds x problems) arrays of per-problem scores (0/1 correctness),
+    column j of both the same problem. Each replicate draws the problems with replacement
+    (the SAME draw for both systems: the pairing) and each system's seeds with replacement;
+    the statistic is the difference of the means over seeds of the per-seed accuracies.
+    Returns the point estimate on the full data and the percentile interval.
+    """
+    a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
+    if a.shape[1] != b.shape[1] or a.shape[1] == 0:
+        raise ValueError(f"paired_bootstrap needs the same non-empty problem set for both systems, got {a.shape} and {b.shape}")
+    rng = np.random.default_rng(seed)
+    n = a.shape[1]
+    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=reps)  # (reps, n): how often each problem is drawn
+    acc_a = counts @ a.T / n  # (reps, seeds_a): each seed's accuracy on the resampled problems
+    acc_b = counts @ b.T / n
+    pick_a = rng.integers(0, a.shape[0], size=(reps, a.shape[0]))
+    pick_b = rng.integers(0, b.shape[0], size=(reps, b.shape[0]))
+    stat = np.take_along_axis(acc_a, pick_a, 1).mean(1) - np.take_along_axis(acc_b, pick_b, 1).mean(1)
+    lo, hi = np.quantile(stat, [(1 - level) / 2, (1 + level) / 2])
+    return {"difference": float(a.mean() - b.mean()), "ci_low": float(lo), "ci_high": float(hi)}
+
+
+def grad_spikes(norms: Sequence[float], factor: float = 3.0) -> int:
+    """Steps whose gradient norm is above ``factor`` x the run's median (0 for an empty run or a zero median).
+
+    >>> grad_spikes([1.0, 1.0, 1.2, 5.0])
+    1
+    """
+    xs = [x for x in norms if x == x]
+    if not xs:
+        return 0
+    med = float(np.median(xs))
+    return sum(x > factor * med for x in xs) if med > 0 else 0
+
+
+# --------------------------------------------------------------------------------------
+# one job
+# --------------------------------------------------------------------------------------
+
+
+def _env_id(args: argparse.Namespace, kind: str) -> str:
+    return {"solo": args.solo_env, "duo": args.duo_env, "malt": args.malt_env, "rema": args.rema_env}[kind]
+
+
+def _sampling(agents: Sequence[str], args: argparse.Namespace, temperature: float = 0.7) -> dict[str, dict[str, Any]]:
+    """The quickstart's per-role sampling (reasoner 64 / actor 24 new tokens; other roles 64), or --max-new-tokens for all."""
+    out = {}
+    for a in agents:
+        s = dict(QUICKSTART_SAMPLING.get(a, {"max_new_tokens": 64}))
+        if args.max_new_tokens:
+            s["max_new_tokens"] = args.max_new_tokens
+        s["temperature"] = temperature
+        out[a] = s
+    return out
+
+
+def _agents(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
+    import marft_envs
+
+    return list(marft_envs.spec(env_id).agents_for(**env_kwargs))
+
+
+def _heldout(policy: Any, env_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Greedy evaluation on test problems 0..eval_n-1 with the training token limits; per-problem correctness."""
+    from marft_algos.evaluation import evaluate
+
+    env_kwargs = json.loads(args.env_kwargs)
+    res = evaluate(policy, env_id, env_kwargs=env_kwargs, n=args.eval_n, split="test", num_envs=args.num_envs_eval, greedy=True,
+                   sampling_overrides=_sampling(_agents(env_id, env_kwargs), args), seed=1234)
+    d = res.to_dict()
+    d["correct_per_problem"] = [int(bool(ep.correct)) for ep in res.episodes]
+    return d
+
+
+def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path) -> tuple[Any, Any]:
+    from marft_algos.config import apply_overrides, config_from_dict
+    from marft_algos.registry import get_algorithm
+
+    assert system.algo is not None
+    spec = get_algorithm(system.algo)
+    env_id = _env_id(args, system.env)
+    env_kwargs = json.loads(args.env_kwargs)
+    data: dict[str, Any] = {
+        "env_id": env_id, "env_kwargs": env_kwargs, "model": args.model, "steps": args.max_steps, "seed": seed,
+        "out_dir": str(run_dir), "progress": False, "save_every": 0, "transcript_every": 0,
+        **QUICKSTART_RECIPE, "sampling_overrides": _sampling(_agents(env_id, env_kwargs), args),
+    }
+    if system.algo == "grpo":
+        data["group_size"] = args.group_size
+    data.update(dict(system.overrides))
+    names = {f.name for f in dataclasses.fields(spec.config_cls)}
+    data = {k: v for k, v in data.items() if k in names}
+    return spec, config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, data, args.set))
+
+
+def _step_record(m: dict[str, Any], tokens: int, minutes: float) -> dict[str, Any]:
+    """The per-step metrics kept in a job's JSON (reward, tokens, per-agent grad norms, rollbacks, agent metrics)."""
+    keep = {k: float(v) for k, v in m.items() if isinstance(v, int | float) and (
+        k.startswith(("team/", "recovery/")) or k in ("rollout/tokens", "critic/grad_norm", "train/step")
+        or (k.startswith("agent/") and k.rsplit("/", 1)[-1] in ("reward", "grad_norm", "response_len", "entropy", "kl", "length_stop_frac")))}
+    keep["tokens_so_far"] = tokens
+    keep["train_minutes"] = minutes
+    return keep
+
+
+def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Run one (system, seed) job and return its record (the caller writes it)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t_job, cpu_job = time.perf_counter(), time.process_time()
+    env_id = _env_id(args, system.env)
+    rec: dict[str, Any] = {"system": system.name, "seed": seed, "env_id": env_id, "env_kwargs": json.loads(args.env_kwargs),
+                           "model": args.model, "algo": system.algo, "eval_n": args.eval_n, "token_budget": args.token_budget}
+    if system.majority:
+        rec.update(_majority(seed, args, out))
+    elif not system.trained:
+        from benchmarks._common import untrained_policy
+
+        policy = untrained_policy(_agents(env_id, rec["env_kwargs"]), args.model)
+        rec["eval"] = _heldout(policy, env_id, args)
+        rec.update(train_tokens=0, steps=0, train_minutes=0.0, curve=[])
+    else:
+        spec, config = _config(system, seed, args, out / "rundirs" / system.name / f"seed{seed}")
+        trainer = spec.trainer_cls(config)
+        tokens, curve, spent = 0, [], 0.0
+        cpu = 0.0
+        while tokens < args.token_budget and trainer.global_step < args.max_steps:
+            t0, c0 = time.perf_counter(), time.process_time()
+            m = trainer.train_step()
+            spent += time.perf_counter() - t0
+            cpu += time.process_time() - c0
+            tokens += int(m.get("rollout/tokens", 0))
+            curve.append(_step_record(m, tokens, spent / 60))
+            print(f"[equal-budget] {system.name} seed {seed} step {trainer.global_step}: reward {m.get('team/reward', float('nan')):.3f}, "
+                  f"{tokens}/{args.token_budget} tokens, {spent / 60:.1f} min", flush=True)
+        if trainer.logger is not None:
+            trainer.logger.flush()
+        rec.update(train_tokens=tokens, steps=trainer.global_step, train_minutes=spent / 60, train_cpu_minutes=cpu / 60, curve=curve,
+                   config={k: v for k, v in config.to_dict().items() if k in ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides")})
+        rec["eval"] = _heldout(trainer.policy, env_id, args)
+    rec["job_minutes"] = (time.perf_counter() - t_job) / 60
+    rec["job_cpu_minutes"] = (time.process_time() - cpu_job) / 60  # on a shared CPU, wall clock overstates the cost
+    rec["correct_per_problem"] = rec["eval"]["correct_per_problem"]
+    rec["accuracy"] = float(np.mean(rec["correct_per_problem"])) if rec["correct_per_problem"] else float("nan")
+    return rec
+
+
+def _majority(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """solo maj@k at the untrained duo's inference tokens; k from the untrained jobs' tokens/episode."""
+    from benchmarks._common import untrained_policy
+    from marft_algos.evaluation import majority_vote, run_samples, summarize
+
+    first = int(args.seeds.split(",")[0])  # the untrained (greedy) systems run once, as the first seed
+    duo, solo = (json.loads(_job_path(out, n, first).read_text()) for n in ("untrained-duo", "untrained-solo"))
+    ratio = duo["eval"]["mean_tokens"] / max(solo["eval"]["mean_tokens"], 1e-9)
+    k = max(3, round(ratio))
+    env_kwargs = json.loads(args.env_kwargs)
+    agents = _agents(args.solo_env, env_kwargs)
+    policy = untrained_policy(agents, args.model)
+    (limit,) = {s["max_new_tokens"] for s in _sampling(agents, args).values()}
+    import marft_envs
+
+    n = min(args.eval_n, marft_envs.make(args.solo_env, split="test", **env_kwargs).num_problems)  # the problems evaluate() plays
+    recs = run_samples(policy, args.solo_env, split="test", env_kwargs=env_kwargs, problems=list(range(n)), k=k,
+                       temperature=0.7, max_new_tokens=limit, num_envs=args.num_envs_eval, seed=1234 + 7919 * seed)
+    votes = sorted(majority_vote(recs, budget=k, k=1), key=lambda r: r.problem)
+    s = summarize(votes)
+    ev = {"mean_tokens": s["tokens_per_episode"], "n": s["problems"], "accuracy": s["accuracy"],
+          "correct_per_problem": [int(r.correct) for r in votes], "single_sample_accuracy": summarize(recs)["accuracy"]}
+    return {"k": k, "token_ratio": ratio, "eval": ev, "train_tokens": 0, "steps": 0, "train_minutes": 0.0, "curve": []}
+
+
+# --------------------------------------------------------------------------------------
+# the queue
+# --------------------------------------------------------------------------------------
+
+
+def _job_path(out: Path, system: str, seed: int) -> Path:
+    return out / "runs" / system / f"seed{seed}.json"
+
+
+def queue(seeds: Sequence[int], systems: Sequence[str] | None = None) -> list[tuple[str, int]]:
+    """The job order: untrained systems and maj@k, then seed by seed the core trained systems, then MALT/ReMA.
+
+    Untrained systems are greedy (one job, seed 0); maj@k samples, one job per seed.
+    """
+    chosen = [s for s in SYSTEMS if systems is None or s.name in systems]
+    jobs = [(s.name, seeds[0]) for s in chosen if not s.trained and not s.majority]
+    jobs += [(s.name, k) for s in chosen if s.majority for k in seeds]
+    jobs += [(s.name, k) for k in seeds for s in chosen if s.trained and s.core]
+    jobs += [(s.name, k) for k in seeds for s in chosen if s.trained and not s.core]
+    return jobs
+
+
+def _deps(system: str, seeds: Sequence[int]) -> list[tuple[str, int]]:
+    return [("untrained-duo", seeds[0]), ("untrained-solo", seeds[0])] if BY_NAME[system].majority else []
+
+
+def _job_argv(argv: Sequence[str], system: str, seed: int) -> list[str]:
+    rest, skip = [], False
+    for a in argv:  # the job gets the same settings, minus the scheduler's own flags
+        if skip:
+            skip = False
+            continue
+        if a in ("--jobs", "--systems"):
+            skip = True
+            continue
+        if a.startswith(("--jobs=", "--systems=")):
+            continue
+        rest.append(a)
+    return [sys.executable, str(Path(__file__).resolve()), *rest, "--job", f"{system}:{seed}"]
+
+
+def _write_job(out: Path, name: str, seed: int, rec: dict[str, Any]) -> None:
+    path = _job_path(out, name, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, default=float))
+    tmp.replace(path)  # atomic: a JSON that exists is complete
+    print(f"[equal-budget] {name} seed {seed}: accuracy {rec['accuracy']:.3f}, {rec['train_tokens']} tokens, "
+          f"{rec['steps']} steps, {rec['job_minutes']:.1f} min", flush=True)
+
+
+def _live_pid(out: Path, system: str, seed: int) -> int | None:
+    """The pid of a live process running job (system, seed) per its pid file, or None."""
+    f = _job_path(out, system, seed).with_suffix(".pid")
+    try:
+        pid = int(f.read_text())
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return pid if f"{system}:{seed}" in cmd else None
+
+
+def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
+    """Run the pending jobs, ``--jobs`` at a time, each a subprocess with one thread; log to ``<out>/logs``."""
+    seeds = [int(s) for s in args.seeds.split(",")]
+    pending = [j for j in queue(seeds, _systems(args)) if not _job_path(out, *j).exists()]
+    if args.jobs == 0:  # in this process, one after the other (tests)
+        for name, seed in pending:
+            if all(_job_path(out, *d).exists() for d in _deps(name, seeds)):
+                _write_job(out, name, seed, run_job(BY_NAME[name], seed, args, out))
+        return
+    running: dict[tuple[str, int], tuple[subprocess.Popen | int, float, Any]] = {}
+    for job in list(pending):  # a job still running from a stopped scheduler is adopted, not started twice
+        pid = _live_pid(out, *job)
+        if pid is not None:
+            pending.remove(job)
+            running[job] = (pid, time.time(), None)
+            print(f"[equal-budget] adopted running {job[0]} seed {job[1]} (pid {pid})", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    failed: set[tuple[str, int]] = set()
+    while pending or running:
+        for job, (proc, t0, log) in list(running.items()):
+            if (proc.poll() is None) if isinstance(proc, subprocess.Popen) else (_live_pid(out, *job) is not None):
+                continue  # still running
+            if log is not None:
+                log.close()
+            del running[job]
+            code = proc.returncode if isinstance(proc, subprocess.Popen) else 0
+            ok = code == 0 and _job_path(out, *job).exists()
+            print(f"[equal-budget] {'done' if ok else 'FAILED'} {job[0]} seed {job[1]} in {(time.time() - t0) / 60:.1f} min"
+                  + ("" if ok else f" (exit {code}; see {out}/logs/{job[0]}/seed{job[1]}.log)"), flush=True)
+            if not ok:
+                failed.add(job)
+        for job in list(pending):
+            if len(running) >= args.jobs:
+                break
+            deps = _deps(job[0], seeds)
+            if any(d in failed for d in deps):
+                pending.remove(job)
+                failed.add(job)
+                continue
+            if not all(_job_path(out, *d).exists() for d in deps):
+                continue
+            pending.remove(job)
+            logp = out / "logs" / job[0] / f"seed{job[1]}.log"
+            logp.parent.mkdir(parents=True, exist_ok=True)
+            log = logp.open("a")
+            print(f"[equal-budget] start {job[0]} seed {job[1]}", flush=True)
+            proc = subprocess.Popen(_job_argv(argv, *job), stdout=log, stderr=subprocess.STDOUT, env=env)
+            _job_path(out, *job).parent.mkdir(parents=True, exist_ok=True)
+            _job_path(out, *job).with_suffix(".pid").write_text(str(proc.pid))
+            running[job] = (proc, time.time(), log)
+        if running:
+            time.sleep(2)
+        elif pending:  # nothing can start: the dependencies failed or are not in the selection
+            print(f"[equal-budget] cannot start {pending}: their dependencies have no result", flush=True)
+            break
+
+
+def _systems(args: argparse.Namespace) -> list[str] | None:
+    if not args.systems:
+        return None
+    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"unknown --systems {unknown}; known: {list(BY_NAME)}")
+    return names
+
+
+# --------------------------------------------------------------------------------------
+# the report
+# --------------------------------------------------------------------------------------
+
+
+def _load(out: Path) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for s in SYSTEMS:
+        d = out / "runs" / s.name
+        runs[s.name] = [json.loads(p.read_text()) for p in sorted(d.glob("seed*.json"))] if d.exists() else []
+    return runs
+
+
+def _row(s: System, recs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    if not recs:
+        return {"system": s.name, "env_id": _env_id(args, s.env), "status": "not run"}
+    accs = [r["accuracy"] for r in recs]
+    pooled = [c for r in recs for c in r["correct_per_problem"]]
+    p = float(np.mean(pooled))
+    lo, hi = wilson(p, len(pooled))
+    name = s.name + (f" (k={recs[0]['k']})" if s.majority else "")
+    return {
+        "system": name, "env_id": recs[0]["env_id"], "seeds": ",".join(str(r["seed"]) for r in recs),
+        "mean_accuracy": float(np.mean(accs)), "seed_accuracies": " ".join(f"{a:.3f}" for a in accs),
+        "pooled_ci": f"[{lo:.3f}, {hi:.3f}]", "problems": len(recs[0]["correct_per_problem"]),
+        "train_tokens": " ".join(str(r["train_tokens"]) for r in recs), "steps": " ".join(str(r["steps"]) for r in recs),
+        "train_minutes": " ".join(f"{r['train_minutes']:.1f}" for r in recs), "job_minutes": " ".join(f"{r['job_minutes']:.1f}" for r in recs),
+        "job_cpu_minutes": " ".join(f"{r.get('job_cpu_minutes', float('nan')):.1f}" for r in recs),
+        "eval_tokens_per_episode": float(np.mean([r["eval"]["mean_tokens"] for r in recs])), "status": "ok",
+    }
+
+
+def _diffs(runs: dict[str, list[dict[str, Any]]], reps: int) -> list[dict[str, Any]]:
+    rows = []
+    for a, b in COMPARISONS:
+        ra, rb = runs.get(a, []), runs.get(b, [])
+        if not ra or not rb:
+            rows.append({"a": a, "b": b, "significant": "not run"})
+            continue
+        d = paired_bootstrap(np.array([r["correct_per_problem"] for r in ra]), np.array([r["correct_per_problem"] for r in rb]), reps=reps)
+        sig = d["ci_low"] > 0 or d["ci_high"] < 0
+        rows.append({"a": a, "b": b, **d, "significant": "yes" if sig else "no", "seeds_a": len(ra), "seeds_b": len(rb)})
+    return rows
+
+
+def _stability(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows = []
+    for s in SYSTEMS:
+        if not s.trained or not runs.get(s.name):
+            continue
+        spikes, steps, rollbacks, peak = 0, 0, 0, 0.0
+        for r in runs[s.name]:
+            agents = sorted({k.split("/")[1] for st in r["curve"] for k in st if k.startswith("agent/") and k.endswith("/grad_norm")})
+            for a in agents:
+                norms = [st.get(f"agent/{a}/grad_norm", float("nan")) for st in r["curve"]]
+                spikes += grad_spikes(norms)
+                peak = max([peak, *[x for x in norms if x == x]])
+            steps += len(r["curve"])
+            rollbacks += int(sum(st.get("recovery/rollback", 0.0) for st in r["curve"]))
+        rows.append({"system": s.name, "seeds": len(runs[s.name]), "steps": steps, "grad_spikes": spikes, "max_grad_norm": peak, "rollbacks": rollbacks})
+    return rows
+
+
+def _per_agent(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Which agent moved: each agent's training metrics, first step vs last step, mean over seeds; eval tokens vs untrained."""
+    base = {r["system"]: r for n in ("untrained-solo", "untrained-duo") for r in (runs.get(n) or [])[:1]}
+    rows = []
+    for s in SYSTEMS:
+        if not s.trained or not runs.get(s.name):
+            continue
+        recs = [r for r in runs[s.name] if r["curve"]]
+        agents = sorted({k.split("/")[1] for r in recs for k in r["curve"][0] if k.startswith("agent/")})
+        for a in agents:
+            row: dict[str, Any] = {"system": s.name, "agent": a}
+            for m in ("reward", "response_len", "entropy", "kl", "grad_norm"):
+                first = [r["curve"][0].get(f"agent/{a}/{m}") for r in recs]
+                last = [r["curve"][-1].get(f"agent/{a}/{m}") for r in recs]
+                if None not in first and None not in last:
+                    row[f"{m} first->last"] = f"{np.mean(first):.3g} -> {np.mean(last):.3g}"
+            toks = [r["eval"].get("per_agent_tokens", {}).get(a) for r in recs]
+            ref = {"solo": "untrained-solo", "duo": "untrained-duo"}.get(s.env, "")
+            ub = base.get(ref, {}).get("eval", {}).get("per_agent_tokens", {}).get(a)
+            if None not in toks:
+                row["eval tokens (untrained)"] = f"{np.mean(toks):.1f}" + (f" ({ub:.1f})" if ub is not None else "")
+            rows.append(row)
+    return rows
+
+
+def _plot(out: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors = {}
+    for i, s in enumerate(SYSTEMS):
+        colors[s.name] = f"C{i % 10}"
+        for j, r in enumerate(runs.get(s.name, [])):
+            if r["curve"]:
+                a1.plot([st["train/step"] if "train/step" in st else n + 1 for n, st in enumerate(r["curve"])],
+                        [st.get("team/reward", float("nan")) for st in r["curve"]], "o-", ms=3, alpha=0.8, color=colors[s.name],
+                        label=s.name if j == 0 else None)
+    a1.set_xlabel("training step")
+    a1.set_ylabel("team reward (training batch)")
+    a1.set_title("learning curves (one line per seed)")
+    a1.legend(fontsize=7)
+    names = [s.name for s in SYSTEMS]
+    for x, n in enumerate(names):
+        accs = [r["accuracy"] for r in runs.get(n, [])]
+        if accs:
+            a2.scatter([x] * len(accs), accs, color=colors[n], s=18, zorder=3)
+            a2.hlines(np.mean(accs), x - 0.3, x + 0.3, color="k")
+        else:
+            a2.text(x, 0.02, "not run", rotation=90, fontsize=7, ha="center")
+    a2.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
+    a2.set_ylabel("held-out accuracy (greedy)")
+    a2.set_ylim(0, 1)
+    a2.set_title("final accuracy (dots: seeds, bar: mean)")
+    fig.tight_layout()
+    fig.savefig(out / "equal_budget.png", dpi=110)
+    plt.close(fig)
+
+
+def report(args: argparse.Namespace, out: Path, command: str) -> str:
+    """Write ``equal_budget.md/.csv/.json/.png`` from the jobs' JSONs; returns the Markdown."""
+    runs = _load(out)
+    rows = [_row(s, runs[s.name], args) for s in SYSTEMS]
+    diffs = _diffs(runs, args.bootstrap)
+    stab = _stability(runs)
+    agents = _per_agent(runs)
+    meta = versions()
+    budgets = sorted({r.get("token_budget", args.token_budget) for rs in runs.values() for r in rs if r.get("algo")})
+    budget = " / ".join(map(str, budgets)) if budgets else str(args.token_budget)  # as recorded by the runs
+    n_problems = max((len(r["correct_per_problem"]) for rs in runs.values() for r in rs), default=args.eval_n)
+    agent_cols = ["system", "agent", *sorted({k for r in agents for k in r} - {"system", "agent"})]
+    text = (
+        "# Equal-budget baselines\n\n"
+        f"`{command}`\n\n"
+        f"model `{args.model}`, envs solo `{args.solo_env}` / duo `{args.duo_env}` / MALT `{args.malt_env}` / ReMA `{args.rema_env}` "
+        f"with env kwargs `{args.env_kwargs}`; training budget {budget} generated tokens per trained run (the last step may "
+        f"overshoot: see train_tokens); held-out: test problems 0..{n_problems - 1} (the first --eval-n {args.eval_n}, or the whole "
+        f"split when smaller), greedy; seeds {args.seeds}; "
+        f"bootstrap {args.bootstrap} replicates; versions: " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n"
+        + markdown_table(rows, TABLE_COLUMNS)
+        + "\n\n## Paired differences (A - B, mean over seeds; 95% paired bootstrap interval)\n\n"
+        + markdown_table(diffs, DIFF_COLUMNS)
+        + "\n\n## Stability (gradient-norm spikes: steps above 3x the run's median, per agent; collapse-recovery rollbacks)\n\n"
+        + markdown_table(stab, ["system", "seeds", "steps", "grad_spikes", "max_grad_norm", "rollbacks"])
+        + "\n\n## Per-agent view (training metrics, first step -> last step, mean over seeds)\n\n"
+        + (markdown_table(agents, agent_cols) if agents else "no trained run yet") + "\n"
+    )
+    (out / "equal_budget.md").write_text(text)
+    write_csv(out / "equal_budget.csv", rows, TABLE_COLUMNS)
+    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "stability": stab, "per_agent": agents,
+                                           "versions": meta, "settings": {k: v for k, v in vars(args).items() if k != "job"}})
+    _plot(out, runs)
+    return text
+
+
+# --------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``benchmarks/equal_budget.py``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--solo-env", default="arith-solo-v0")
+    p.add_argument("--duo-env", default="arith-duo-v0")
+    p.add_argument("--malt-env", default="arith-malt-v0")
+    p.add_argument("--rema-env", default="arith-rema-v0")
+    p.add_argument("--env-kwargs", default=json.dumps(QUICKSTART_ARITH_LEVEL),
+                   help="JSON env kwargs of every env; default the quickstart's easy arith level; '{}' = the default level")
+    p.add_argument("--token-budget", type=int, default=7000, help="generated training tokens per trained run (~6 duo steps)")
+    p.add_argument("--max-steps", type=int, default=10_000, help="safety cap on training steps")
+    p.add_argument("--group-size", type=int, default=4, help="GRPO group size")
+    p.add_argument("--max-new-tokens", type=int, default=0, help="every agent's token limit (0: the quickstart's per role)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--eval-n", type=int, default=200, help="held-out problems (test indices 0..n-1)")
+    p.add_argument("--num-envs-eval", type=int, default=32)
+    p.add_argument("--bootstrap", type=int, default=10_000, help="bootstrap replicates")
+    p.add_argument("--jobs", type=int, default=1, help="jobs run at once (subprocesses); 0: one after the other in this process")
+    p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads per job")
+    p.add_argument("--systems", default="", help="comma-separated subset of systems (default all): " + ",".join(BY_NAME))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override of every trained system")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from the JSONs in --out (pass the run's flags)")
+    p.add_argument("--job", default="", help=argparse.SUPPRESS)  # SYSTEM:SEED, run by the queue
+    p.add_argument("--out", default="runs/equal_budget")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the pending jobs (or one ``--job``), then write the report."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        json.loads(args.env_kwargs)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--env-kwargs is not valid JSON: {e}") from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.job:
+        name, seed = args.job.rsplit(":", 1)
+        _write_job(out, name, int(seed), run_job(BY_NAME[name], int(seed), args, out))
+        return 0
+    if not args.report_only:
+        run_queue(args, argv, out)
+    print(report(args, out, " ".join(["python", "benchmarks/equal_budget.py", *argv])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
