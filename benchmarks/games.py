@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-n", type=int, default=50, help="Held-out games per seat and opponent / dialogue cases.")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--piles", default="5,12", help="Nim start piles low,high.")
+    p.add_argument("--ask-move", action=argparse.BooleanOptionalAction, default=True,
+                   help="Nim asks the mover 'how many stones do you take?' (NimEnv ask_move; SmolLM2 answers it "
+                        "with a plain move, and echoes the rules without it).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/games")
     return p
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     low, high = (int(x) for x in args.piles.split(","))
-    nim_kwargs = {"piles": [low, high]}
+    nim_kwargs = {"piles": [low, high], "ask_move": args.ask_move}
     rows: list[dict[str, Any]] = []
     start = time.time()
 

@@ -26,7 +26,7 @@ GAME_IDS = ["game-nim-v0", "game-matrix-v0"]
 
 
 @pytest.mark.parametrize("kwargs", [{"on_invalid": "default", "piles": [1, 9], "max_take": 2},
-                                    {"max_take": 1}])
+                                    {"max_take": 1}, {"ask_move": True}])
 def test_nim_variants_conform(kwargs):
     check_env(NimEnv(**kwargs), n_episodes=3, seed=2)
 
@@ -207,6 +207,21 @@ def test_parse_take():
     assert parse_take("move=1") == 1
     assert parse_take("9" * 5000) is None  # no huge-int conversion
     assert parse_take("") is None
+    # plain moves count only at the reply's start: an echo of the rules or state stays unreadable
+    assert parse_take("You take 2 stones.\n\nThe correct answer is: 2.") == 2
+    assert parse_take("I'll take 3") == 3 and parse_take("take 1") == 1
+    assert parse_take("You take 1 to 3 stones") is None
+    assert parse_take("The answer: I take 2") is None
+
+
+@given(st.sampled_from([1, 5, 8, 12]), st.sampled_from([1, 2, 3]), st.booleans())
+def test_the_prompt_itself_is_never_read_as_a_move(pile, max_take, ask_move):
+    """A model that parrots its prompt (rules or state) must not make a move by it."""
+    env = NimEnv(piles=(pile, pile), max_take=max_take, ask_move=ask_move)
+    env.reset(seed=0)
+    for message in env.messages("player_0"):
+        assert parse_take(message["content"]) is None
+    assert parse_take(env.rules("player_0")) is None and parse_take(env.state_text("player_0")) is None
 
 
 # ------------------------------------------------------------------------------ fuzzing

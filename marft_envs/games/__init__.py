@@ -89,7 +89,7 @@ non-strings, control characters, overlong text: flagged, see
 topology records who sees whose move (Nim: a chain; matrix: independent).
 
 Arguments: ``profiles``, ``max_action_chars`` (4096), ``render_mode``, ``split`` and the
-game's own (Nim: ``piles``, ``max_take``, ``on_invalid``; matrix: ``game``, ``rounds``).
+game's own (Nim: ``piles``, ``max_take``, ``on_invalid``, ``ask_move``; matrix: ``game``, ``rounds``).
 
 Version history: v0: initial release.
 """

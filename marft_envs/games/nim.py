@@ -20,6 +20,10 @@ from marft_envs.games.base import TextGameEnv, last_tagged
 __all__ = ["NimEnv", "OptimalNimPlayer", "optimal_take", "parse_take"]
 
 _ON_INVALID = ("forfeit", "default")
+# With ask_move: the mover's state ends with a question, which small models answer with a plain move.
+_ASK_MOVE = "Your turn: how many stones do you take (1 to {n})?"
+# "I take 2", "You'll take 1 stone", "Take 3": a first-person (or imperative) move at the reply's start.
+_PLAIN_MOVE = re.compile(r"\s*(?:(?:I|You)(?:'ll| will)?\s+)?(?:take|remove)\s+(\d{1,6})\b(?!\s*(?:to|-|or)\s*\d)", re.I)
 
 
 def optimal_take(pile: int, max_take: int) -> int | None:
@@ -35,11 +39,17 @@ def optimal_take(pile: int, max_take: int) -> int | None:
 
 def parse_take(text: str) -> int | None:
     """The number of stones a reply takes: the last ``MOVE: <n>``, else the last ``\\boxed{n}``,
-    else the whole reply when it is one integer; ``None`` when there is none.
+    else the whole reply when it is one integer, else a reply that OPENS with a plain move
+    ("I take 2", "You take 1 stone.", "Take 3"); ``None`` when there is none.
+
+    Only the opening counts for plain moves: small models echo the rules ("Players take
+    turns removing 1 to 3 stones"), and an echo must stay unreadable, not become a move.
 
     Example:
         >>> parse_take("I take 3? No. MOVE: 2"), parse_take("\\\\boxed{1}"), parse_take(" 3 "), parse_take("two")
         (2, 1, 3, None)
+        >>> parse_take("You take 1 stone."), parse_take("Players take turns removing 1 to 3 stones")
+        (1, None)
     """
     tagged = last_tagged(text, "MOVE", r"-?\d{1,6}")
     if tagged is not None:
@@ -48,7 +58,10 @@ def parse_take(text: str) -> int | None:
     if boxed:
         return int(boxed[-1])
     whole = re.fullmatch(r"\s*(-?\d{1,6})\s*\.?\s*", text)
-    return int(whole.group(1)) if whole else None
+    if whole:
+        return int(whole.group(1))
+    plain = _PLAIN_MOVE.match(text)
+    return int(plain.group(1)) if plain else None
 
 
 class NimEnv(TextGameEnv):
@@ -60,6 +73,9 @@ class NimEnv(TextGameEnv):
         max_take: the most stones one move may take (``k``); at least 1.
         on_invalid: ``"forfeit"`` (default: an unparsable or illegal move loses the game,
             flagged ``invalid_move``) or ``"default"`` (take 1 stone instead, flagged).
+        ask_move: end the mover's state with "how many stones do you take (1 to k)?" instead
+            of "Your turn." (default False). SmolLM2-135M echoes the rules when told it is its
+            turn, but answers the question with a plain move ("You take 1 stone.").
         profiles, max_action_chars, render_mode, split: see :class:`~marft_envs.games.base.TextGameEnv`.
     """
 
@@ -67,7 +83,7 @@ class NimEnv(TextGameEnv):
     default_profiles = "nim"
 
     def __init__(self, piles: list[int] | tuple[int, int] = (7, 20), max_take: int = 3,
-                 on_invalid: str = "forfeit", **kwargs: Any):
+                 on_invalid: str = "forfeit", ask_move: bool = False, **kwargs: Any):
         if (not isinstance(piles, (list, tuple)) or len(piles) != 2
                 or not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in piles)
                 or not 1 <= piles[0] <= piles[1]):
@@ -79,6 +95,7 @@ class NimEnv(TextGameEnv):
         self.piles = (int(piles[0]), int(piles[1]))
         self.max_take = int(max_take)
         self.on_invalid = on_invalid
+        self.ask_move = bool(ask_move)
         self.pile = 0
         self.start_pile = 0
         super().__init__(horizon=self.piles[1], **kwargs)
@@ -109,7 +126,8 @@ class NimEnv(TextGameEnv):
             lines.append(f"Last move: {a} took {m}.")
         lines.append(f"Stones left: {self.pile}.")
         if not self.game_over and self.agents:
-            lines.append("Your turn." if self.agent_selection == agent else f"{self.agent_selection}'s turn.")
+            mine = _ASK_MOVE.format(n=min(self.max_take, self.pile)) if self.ask_move else "Your turn."
+            lines.append(mine if self.agent_selection == agent else f"{self.agent_selection}'s turn.")
         return "\n".join(lines)
 
     def legal_moves(self, agent: str) -> list[str]:
