@@ -479,7 +479,8 @@ def _per_agent(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         agents = sorted({k.split("/")[1] for r in recs for k in r["curve"][0] if k.startswith("agent/")})
         for a in agents:
             row: dict[str, Any] = {"system": s.name, "agent": a}
-            for m in ("reward", "response_len", "entropy", "kl", "grad_norm"):
+            # not "kl": that is the KL to the rollout policy, ~0 with one PPO epoch by construction
+            for m in ("reward", "response_len", "entropy", "grad_norm"):
                 first = [r["curve"][0].get(f"agent/{a}/{m}") for r in recs]
                 last = [r["curve"][-1].get(f"agent/{a}/{m}") for r in recs]
                 if None not in first and None not in last:

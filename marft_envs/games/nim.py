@@ -21,7 +21,7 @@ __all__ = ["NimEnv", "OptimalNimPlayer", "optimal_take", "parse_take"]
 
 _ON_INVALID = ("forfeit", "default")
 # With ask_move: the mover's state ends with a question, which small models answer with a plain move.
-_ASK_MOVE = "Your turn: how many stones do you take (1 to {n})?"
+_ASK_MOVE = "Your turn. How many stones do you take (1 to {n})? Reply 'MOVE: <number>'."
 # "I take 2", "You'll take 1 stone", "Take 3": a first-person (or imperative) move at the reply's start.
 _PLAIN_MOVE = re.compile(r"\s*(?:(?:I|You)(?:'ll| will)?\s+)?(?:take|remove)\s+(\d{1,6})\b(?!\s*(?:to|-|or)\s*\d)", re.I)
 
@@ -73,9 +73,9 @@ class NimEnv(TextGameEnv):
         max_take: the most stones one move may take (``k``); at least 1.
         on_invalid: ``"forfeit"`` (default: an unparsable or illegal move loses the game,
             flagged ``invalid_move``) or ``"default"`` (take 1 stone instead, flagged).
-        ask_move: end the mover's state with "how many stones do you take (1 to k)?" instead
-            of "Your turn." (default False). SmolLM2-135M echoes the rules when told it is its
-            turn, but answers the question with a plain move ("You take 1 stone.").
+        ask_move: after "Your turn." also ask "How many stones do you take (1 to k)? Reply
+            'MOVE: <number>'." (default False). SmolLM2-135M echoes the rules when only told it
+            is its turn, but mostly answers the question with a plain move ("You take 1 stone.").
         profiles, max_action_chars, render_mode, split: see :class:`~marft_envs.games.base.TextGameEnv`.
     """
 
