@@ -325,6 +325,7 @@ class TrainConfig(metaclass=_ConfigMeta):
     init_loss_scale: float = field(default=2.0**16, metadata={"help": "fp16 only: initial dynamic loss scale (halved on an overflow, doubled after 2000 clean steps)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
     num_minibatches: int = field(default=1, metadata={"help": "Minibatches per agent per epoch."})
+    micro_batch_tokens: int = field(default=0, metadata={"help": "Cap on the padded tokens (rows x longest prompt+response) of one training forward: a minibatch above it runs in pieces whose gradients add up before its one optimizer step (gradient accumulation; memory stops growing with the minibatch). 0 = no cap."})
     # --- logging / checkpoints ---------------------------------------------------
     out_dir: str | None = field(default=None, metadata={"help": "Run directory (metrics, transcripts, checkpoints, plot)."})
     log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
@@ -389,6 +390,7 @@ class TrainConfig(metaclass=_ConfigMeta):
         _check(self.lr_scheduler in ("constant", "linear"), f"lr_scheduler must be 'constant' or 'linear', got {self.lr_scheduler!r}")
         check_at_least(self, {
             "warmup_steps": 0, "ppo_epochs": 1, "num_minibatches": 1, "max_context": (8, " tokens"), "lora_r": 1,
+            "micro_batch_tokens": (0, " (0 = no cap)"),
         })
         _check(self.lora_alpha > 0, f"lora_alpha must be > 0 (the adapter's scale is alpha / r), got {self.lora_alpha}")
         check_at_least(self, {
@@ -474,6 +476,12 @@ class TrainConfig(metaclass=_ConfigMeta):
         _check(
             key not in ("fp16", "float16", "half"),
             "distributed.strategy='fsdp' has no fp16 loss scaling: use dtype='bf16' (or None), or distributed.strategy='ddp'",
+        )
+        # FSDP reduce-scatters at every backward: pieces would need the same count on every rank
+        _check(
+            self.micro_batch_tokens == 0,
+            "distributed.strategy='fsdp' does not run micro-batches (micro_batch_tokens > 0): use num_minibatches to "
+            "shrink each forward, activation_checkpointing=True, or distributed.strategy='ddp'",
         )
 
     def check_agents(self, agents: list[str] | tuple[str, ...]) -> None:

@@ -47,10 +47,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from marft_algos.buffer import AgentBuffer, action_field, token_field
+from marft_algos.buffer import AgentBuffer, Minibatch, action_field, token_field
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
 from marft_algos.distributed import init_distributed, minibatch_weight, rank_seed
 from marft_algos.fsdp import full_grad_norm, is_sharded, shard_optimizer_states
+from marft_algos.microbatch import micro_batch_rows
 from marft_algos.registry import *  # noqa: F403  (the registry's names, importable from here as before)
 from marft_algos.registry import lazy_exports, list_algorithms
 from marft_algos.rollout import (
@@ -548,20 +549,66 @@ class Trainer(ABC):
         return temps.pop() if temps else 1.0
 
     def train_minibatch(self, agent: str, mb: list[Transition], *, epoch: int = 0) -> dict[str, float]:
-        """Loss on one minibatch of ``agent``'s transitions and one guarded optimizer step."""
+        """Loss on one minibatch of ``agent``'s transitions and one guarded optimizer step
+        (the forward and backward in micro-batches when ``micro_batch_tokens`` caps them)."""
         self.policy.set_train_role(agent)
+        pieces = self.micro_batches(mb)
+        if len(pieces) == 1:
+            total, metrics = self.minibatch_loss(agent, mb)
+            ok, grad_norms = self.optimizer_step(agent, total, metrics)
+        else:
+            total, metrics = self.accumulate_gradients(agent, pieces)
+            ok, grad_norms = self.optimizer_step(agent, total, metrics, accumulated=True)
+        for name, gn in grad_norms.items():
+            metrics[f"{metric_prefix(name, agent)}/grad_norm"] = gn
+        metrics[f"agent/{agent}/loss"] = float(total.detach()) if torch.isfinite(total.detach()) else float("nan")
+        return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+    def minibatch_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The policy loss plus the extra losses of ``agent`` on ``mb`` (one forward), and their metrics."""
         stats = self.policy.sequence_logprobs(
             agent, [t.prompt_ids for t in mb], [t.response_ids for t in mb], temperature=self.temperature_of(mb)
         )
         loss, metrics = self.policy_loss(agent, mb, stats)
         extra, extra_metrics = self.extra_losses(agent, mb, stats)
         metrics.update(extra_metrics)
-        total = loss + extra if extra is not None else loss
-        ok, grad_norms = self.optimizer_step(agent, total, metrics)
-        for name, gn in grad_norms.items():
-            metrics[f"{metric_prefix(name, agent)}/grad_norm"] = gn
-        metrics[f"agent/{agent}/loss"] = float(total.detach()) if torch.isfinite(total.detach()) else float("nan")
-        return {k: v for k, v in metrics.items() if math.isfinite(v)}
+        return (loss + extra if extra is not None else loss), metrics
+
+    def micro_batches(self, mb: list[Transition]) -> list[list[Transition]]:
+        """``mb`` in pieces of at most ``micro_batch_tokens`` padded tokens (see :mod:`marft_algos.microbatch`);
+        an action's segments stay together under turn-level ratios."""
+        cap = self.config.micro_batch_tokens
+        if cap <= 0:
+            return [mb]
+        groups = [t.action_key for t in mb] if getattr(self.config, "importance_ratio", "token") == "turn" else None
+        rows = micro_batch_rows([len(t.prompt_ids) + len(t.response_ids) for t in mb], cap, groups)
+        if len(rows) <= 1:
+            return [mb]
+        return [mb.subset(r) if isinstance(mb, Minibatch) else [mb[i] for i in r] for r in rows]
+
+    def accumulate_gradients(self, agent: str, pieces: Sequence[list[Transition]]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Forward and backward of each piece, its loss scaled by its share of the minibatch's
+        loss units, so the summed gradients are the whole minibatch's. Returns the detached
+        total loss (non-finite if any piece's was: the step is then skipped) and the
+        share-weighted metrics."""
+        for opt in {id(o): o for o in (self.optimizers[k] for k in self.optimizer_keys(agent))}.values():
+            opt.zero_grad(set_to_none=True)
+        weights = [minibatch_weight(self, p) for p in pieces]
+        whole = sum(weights)
+        total = torch.zeros((), dtype=torch.float64)
+        sums: dict[str, float] = defaultdict(float)
+        seen: dict[str, float] = defaultdict(float)
+        for piece, w in zip(pieces, weights, strict=True):
+            share = w / whole if whole > 0 else 1.0 / len(pieces)
+            loss, metrics = self.minibatch_loss(agent, piece)
+            part = loss * share
+            if torch.isfinite(part.detach()).all():  # a non-finite piece skips the whole step below
+                (self.scaler.scale(part) if self.scaler is not None else part).backward()
+            total += part.detach().double().cpu()
+            for k, v in metrics.items():
+                sums[k] += v * share
+                seen[k] += share
+        return total, {k: sums[k] / seen[k] for k in sums if seen[k] > 0}
 
     def old_logprobs(self, mb: list[Transition], stats: Any) -> torch.Tensor:
         """Old (behaviour) log-probs [B, T] aligned with ``stats.logprobs`` (see :meth:`prepare_update`).
@@ -628,16 +675,21 @@ class Trainer(ABC):
         """Hook: return False to skip this agent's step (e.g. a KL hard cut)."""
         return True
 
-    def optimizer_step(self, agent: str, loss: torch.Tensor, metrics: dict[str, float]) -> tuple[bool, dict[str, float]]:
+    def optimizer_step(
+        self, agent: str, loss: torch.Tensor, metrics: dict[str, float], *, accumulated: bool = False
+    ) -> tuple[bool, dict[str, float]]:
         """Backward + clip + step, guarded: a non-finite loss or gradient never reaches the weights.
 
+        ``accumulated``: the gradients are already in place (:meth:`accumulate_gradients`)
+        and ``loss`` is their detached total, checked but not back-propagated.
         Returns (stepped, {optimizer key: grad norm}). Skips are counted in
         ``train/nonfinite_skips`` and logged.
         """
         keys = self.optimizer_keys(agent)
         opts = {k: self.optimizers[k] for k in keys}
-        for opt in opts.values():
-            opt.zero_grad(set_to_none=True)
+        if not accumulated:
+            for opt in opts.values():
+                opt.zero_grad(set_to_none=True)
         if self.dist.any(not torch.isfinite(loss.detach()).all()):  # one rank's NaN skips every rank's step
             self._skip_nonfinite(agent, "loss", opts)
             return False, {}
@@ -650,7 +702,8 @@ class Trainer(ABC):
             # its share of the units so that the mean is the weighted one (as all_reduce_grads does)
             total_w = self.dist.sum([self._dist_weight])[0]
             loss = loss * (self._dist_weight * self.dist.world_size / total_w if total_w > 0 else 0.0)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if not accumulated:
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         if self.dist.active:  # the gradient and metrics of all ranks' data (see marft_algos.distributed)
             for _, opt in unique.values():
                 params = [p for g in opt.param_groups for p in g["params"]]
