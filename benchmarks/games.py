@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ask-move", action=argparse.BooleanOptionalAction, default=True,
                    help="Nim asks the mover 'how many stones do you take?' (NimEnv ask_move; SmolLM2 answers it "
                         "with a plain move, and echoes the rules without it).")
+    p.add_argument("--parts", default="nim,dialogue", help="Comma-separated parts to run: nim, dialogue.")
+    p.add_argument("--micro-batch-tokens", type=int, default=2048,
+                   help="Training forwards in pieces of at most this many padded tokens (0: one forward per minibatch). "
+                        "The doctor's growing transcripts needed over 18 GB in one forward with SmolLM2-135M.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/games")
     return p
@@ -64,7 +68,8 @@ def _config(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], a
     sampling = {a: {"max_new_tokens": args.max_new_tokens} for a in agents}
     return GRPOConfig(env_id=env_id, env_kwargs=env_kwargs, model=args.model, mode="shared", num_envs=args.num_envs,
                       group_size=args.group_size, steps=max(steps, 1), lr=args.lr, seed=args.seed, progress=False,
-                      tensorboard=False, normalize_advantages="agent", sampling_overrides=sampling, out_dir=str(out))
+                      tensorboard=False, normalize_advantages="agent", sampling_overrides=sampling, out_dir=str(out),
+                      micro_batch_tokens=args.micro_batch_tokens)
 
 
 def _game_rows(policy: Any, args: argparse.Namespace, env_kwargs: dict[str, Any], system: str, steps: int, train_s: float) -> list[dict[str, Any]]:
@@ -108,23 +113,28 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     start = time.time()
 
-    t = GRPOTrainer(_config(args, "game-nim-v0", nim_kwargs, ["player_0", "player_1"], args.steps, out / "nim"))
-    rows += _game_rows(t.policy, args, nim_kwargs, "untrained", 0, 0.0)  # LoRA B = 0: the base model
-    _stage(out, args, rows, "nim untrained", start)
-    if args.steps > 0:
-        t0 = time.time()
-        t.train(steps=args.steps)
-        rows += _game_rows(t.policy, args, nim_kwargs, "self-play GRPO", args.steps, time.time() - t0)
-        _stage(out, args, rows, "nim trained", start)
-    del t
+    parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    if parts - {"nim", "dialogue"}:
+        raise SystemExit(f"--parts: unknown part(s) {sorted(parts - {'nim', 'dialogue'})}; use nim and/or dialogue")
+    if "nim" in parts:
+        t = GRPOTrainer(_config(args, "game-nim-v0", nim_kwargs, ["player_0", "player_1"], args.steps, out / "nim"))
+        rows += _game_rows(t.policy, args, nim_kwargs, "untrained", 0, 0.0)  # LoRA B = 0: the base model
+        _stage(out, args, rows, "nim untrained", start)
+        if args.steps > 0:
+            t0 = time.time()
+            t.train(steps=args.steps)
+            rows += _game_rows(t.policy, args, nim_kwargs, "self-play GRPO", args.steps, time.time() - t0)
+            _stage(out, args, rows, "nim trained", start)
+        del t
 
-    d = GRPOTrainer(_config(args, "dialogue-doctor-v0", {}, ["doctor"], args.dialogue_steps, out / "dialogue"))
-    rows.append(_dialogue_row(d.policy, args, "untrained", 0, 0.0))
-    _stage(out, args, rows, "dialogue untrained", start)
-    if args.dialogue_steps > 0:
-        t0 = time.time()
-        d.train(steps=args.dialogue_steps)
-        rows.append(_dialogue_row(d.policy, args, "GRPO", args.dialogue_steps, time.time() - t0))
+    if "dialogue" in parts:
+        d = GRPOTrainer(_config(args, "dialogue-doctor-v0", {}, ["doctor"], args.dialogue_steps, out / "dialogue"))
+        rows.append(_dialogue_row(d.policy, args, "untrained", 0, 0.0))
+        _stage(out, args, rows, "dialogue untrained", start)
+        if args.dialogue_steps > 0:
+            t0 = time.time()
+            d.train(steps=args.dialogue_steps)
+            rows.append(_dialogue_row(d.policy, args, "GRPO", args.dialogue_steps, time.time() - t0))
 
     _write(out, args, rows)
     print(markdown_table([{k: r.get(k, "") for k in COLUMNS} for r in rows], COLUMNS))
