@@ -89,6 +89,8 @@ COMPARISONS: list[tuple[str, str]] = [
     ("duo-marft-token", "duo-grpo"),
     *[(d, "solo-majk") for d in ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")],
     ("solo-grpo", "untrained-solo"),
+    *[(t, "solo-grpo") for t in ("malt-grpo", "rema-grpo")],
+    *[(t, "duo-grpo") for t in ("malt-grpo", "rema-grpo")],
     ("untrained-duo", "untrained-solo"),
 ]
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
