@@ -13,6 +13,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -462,6 +463,9 @@ def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_p
     path.parent.mkdir(parents=True)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--job", "duo-grpo:0"])
     try:
+        deadline = time.monotonic() + 20  # until the child has exec'd, /proc shows the parent's command line
+        while b"duo-grpo:0" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
         path.write_text(str(proc.pid))
         assert eb._live_pid(tmp_path, "duo-grpo", 0) == proc.pid
         assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # no pid file
