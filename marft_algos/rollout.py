@@ -544,20 +544,28 @@ class RolloutCollector:
                 continue
             stepped = self._step_envs([(self.envs[i], agent, _action_text(result)) for i, agent, _, result, _ in jobs])
             for (i, agent, prompt_ids, result, temp), outcome in zip(jobs, stepped, strict=True):
-                opened = open_actions.pop((i, agent), None)
-                self._record(episodes[i], agent, prompt_ids, result, outcome, counters, temperature=temp, opened=opened)
-                if outcome.info.get("tool_turn"):  # the same agent continues: keep the exact ids
-                    tr = episodes[i].transitions[-1]
-                    open_actions[(i, agent)] = _OpenAction(
-                        context_ids=list(prompt_ids) + list(tr.response_ids),
-                        sampled_ids=list(tr.response_ids),
-                        tool_messages=[dict(m) for m in outcome.info.get("tool_messages") or []],
-                        tools=round_tools.get(i),
-                        segment=tr.segment,
-                        action_index=tr.action_key[1],
-                    )
+                self._record_step(episodes[i], (i, agent), prompt_ids, result, outcome, counters, temp, open_actions, round_tools.get(i))
                 steps[i] += 1
         return episodes
+
+    def _record_step(
+        self, ep: Episode, key: tuple[int, str], prompt_ids: list[int], result: Any, outcome: Any,
+        counters: dict[str, float], temp: float, open_actions: dict[tuple[int, str], _OpenAction], tools: Any,
+    ) -> None:
+        """Record one stepped action of env slot ``key[0]``; a tool turn leaves the agent's
+        action open (``open_actions[key]``) with its exact ids, for the same agent's next segment."""
+        opened = open_actions.pop(key, None)
+        self._record(ep, key[1], prompt_ids, result, outcome, counters, temperature=temp, opened=opened)
+        if outcome.info.get("tool_turn"):  # the same agent continues: keep the exact ids
+            tr = ep.transitions[-1]
+            open_actions[key] = _OpenAction(
+                context_ids=list(prompt_ids) + list(tr.response_ids),
+                sampled_ids=list(tr.response_ids),
+                tool_messages=[dict(m) for m in outcome.info.get("tool_messages") or []],
+                tools=tools,
+                segment=tr.segment,
+                action_index=tr.action_key[1],
+            )
 
     def _run_chunk_stream(self, chunk: Sequence[dict[str, Any]], counters: dict[str, float]) -> list[Episode]:
         """:meth:`_run_chunk` with continuous batching: each env's next request is
@@ -577,18 +585,7 @@ class RolloutCollector:
 
         def step(i: int, agent: str, prompt_ids: list[int], result: Any, temp: float, tools: Any) -> None:
             outcome = _env_step(self.envs[i], agent, _action_text(result))
-            opened = open_actions.pop((i, agent), None)
-            self._record(episodes[i], agent, prompt_ids, result, outcome, counters, temperature=temp, opened=opened)
-            if outcome.info.get("tool_turn"):  # the same agent continues: keep the exact ids
-                tr = episodes[i].transitions[-1]
-                open_actions[(i, agent)] = _OpenAction(
-                    context_ids=list(prompt_ids) + list(tr.response_ids),
-                    sampled_ids=list(tr.response_ids),
-                    tool_messages=[dict(m) for m in outcome.info.get("tool_messages") or []],
-                    tools=tools,
-                    segment=tr.segment,
-                    action_index=tr.action_key[1],
-                )
+            self._record_step(episodes[i], (i, agent), prompt_ids, result, outcome, counters, temp, open_actions, tools)
             steps[i] += 1
 
         def next_request(i: int) -> list[tuple[int, Any]]:
