@@ -36,8 +36,10 @@ def micro_batch_rows(lengths: Sequence[int], cap: int, groups: Sequence[Hashable
         [[0, 2], [1]]
     """
     rows = list(range(len(lengths)))
-    if cap <= 0 or not rows:
-        return [rows] if rows else []
+    if not rows:
+        return []
+    if cap <= 0:
+        return [rows]
     units: dict[Any, list[int]] = {}
     for i in rows:
         units.setdefault(groups[i] if groups is not None else i, []).append(i)

@@ -406,13 +406,12 @@ class Trainer(ABC):
                 if agent not in self.buffers:
                     self.buffers[agent] = self.build_buffer(agent, batch)
                 buffer = self.buffers[agent]
-                turn = getattr(c, "importance_ratio", "token") == "turn"
-                keys = [t.action_key for t in buffer.transitions] if turn else None
-                units = len(set(keys)) if turn else len(buffer)  # an action's segments stay in one minibatch
+                keys = self.ratio_groups(buffer.transitions)
+                units = len(set(keys)) if keys is not None else len(buffer)  # an action's segments stay in one minibatch
                 n_mb = d.min_int(min(c.num_minibatches, units))  # 0: no data (on some rank)
                 if not n_mb:
                     continue
-                if turn:
+                if keys is not None:
                     mbs = (buffer.minibatch(i) for i in grouped_minibatch_indices(keys, n_mb, rng))
                 else:
                     mbs = buffer.minibatches(n_mb, rng)
@@ -574,14 +573,20 @@ class Trainer(ABC):
         metrics.update(extra_metrics)
         return (loss + extra if extra is not None else loss), metrics
 
+    def ratio_groups(self, transitions: Sequence[Transition]) -> list[Any] | None:
+        """Each transition's action key under turn-level ratios (an action's segments share one
+        ratio, so minibatches and micro-batches keep them together), else None."""
+        if getattr(self.config, "importance_ratio", "token") != "turn":
+            return None
+        return [t.action_key for t in transitions]
+
     def micro_batches(self, mb: list[Transition]) -> list[list[Transition]]:
         """``mb`` in pieces of at most ``micro_batch_tokens`` padded tokens (see :mod:`marft_algos.microbatch`);
         an action's segments stay together under turn-level ratios."""
         cap = self.config.micro_batch_tokens
         if cap <= 0:
             return [mb]
-        groups = [t.action_key for t in mb] if getattr(self.config, "importance_ratio", "token") == "turn" else None
-        rows = micro_batch_rows([len(t.prompt_ids) + len(t.response_ids) for t in mb], cap, groups)
+        rows = micro_batch_rows([len(t.prompt_ids) + len(t.response_ids) for t in mb], cap, self.ratio_groups(mb))
         if len(rows) <= 1:
             return [mb]
         return [mb.subset(r) if isinstance(mb, Minibatch) else [mb[i] for i in r] for r in rows]

@@ -159,9 +159,10 @@ def test_resume_across_world_sizes(first, second, tmp_path):
     assert resumed["collector"] == ref.collector.state_dict()
 
 
-def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
+@pytest.mark.parametrize("scenario", ["crash", "fsdp-crash"], ids=["ddp", "fsdp"])
+def test_a_failing_rank_ends_the_job_with_its_error(scenario, tmp_path):
     start = time.monotonic()
-    proc = launch("crash", tmp_path, timeout=90)
+    proc = launch(scenario, tmp_path, timeout=90)
     assert proc.returncode != 0
     assert "boom from rank 1" in proc.stdout + proc.stderr
     assert time.monotonic() - start < 90
@@ -251,15 +252,6 @@ def test_fsdp_rollouts_of_different_lengths_per_rank(tmp_path):
     ok(launch("fsdp-ragged", tmp_path))
     r = torch.load(tmp_path / "ragged.pt", weights_only=False)
     assert r["lengths"] == [1, 4] and r["global_step"] == 1
-
-
-def test_fsdp_failing_rank_ends_the_job_with_its_error(tmp_path):
-    start = time.monotonic()
-    proc = launch("fsdp-crash", tmp_path, timeout=90)
-    assert proc.returncode != 0
-    assert "boom from rank 1" in proc.stdout + proc.stderr
-    assert time.monotonic() - start < 90
-    assert not (tmp_path / "done0.json").exists()
 
 
 @pytest.mark.parametrize(
