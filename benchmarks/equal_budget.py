@@ -10,9 +10,9 @@
         --set num_envs=2 --max-new-tokens 4 --out /tmp/eb                           # smoke
 
 Systems (every trained one gets the same budget of GENERATED TRAINING TOKENS,
-``--token-budget``, counted from the trainer's ``rollout/tokens`` per step; training stops
-at the first step that reaches it, so the last step may overshoot, and the exact count is
-recorded): untrained solo; solo trained with GRPO; solo maj@k at the untrained duo's
+``--token-budget``, counted from the trainer's ``rollout/tokens`` per step; a step that
+would cross the budget collects fewer groups of episodes (:func:`fit_groups`), training
+stops at the first step that reaches it, and the exact count is recorded): untrained solo; solo trained with GRPO; solo maj@k at the untrained duo's
 inference tokens (k = round(duo tokens/episode / solo tokens/episode), at least 3,
 sampled at temperature 0.7); untrained duo; duo trained with marft-action, marft-token,
 grpo (agent-wise normalisation, Dr. MAS) and ippo; the MALT trio and the ReMA duo trained
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` imp
 from benchmarks._common import markdown_table, versions, wilson, write_csv, write_json  # noqa: E402
 from marft_algos.cli import QUICKSTART_ARITH_LEVEL, QUICKSTART_RECIPE, QUICKSTART_SAMPLING  # noqa: E402
 
-__all__ = ["main", "build_parser", "paired_bootstrap", "SYSTEMS", "System", "queue", "COMPARISONS", "TABLE_COLUMNS", "DIFF_COLUMNS"]
+__all__ = ["main", "build_parser", "paired_bootstrap", "fit_groups", "SYSTEMS", "System", "queue", "COMPARISONS", "TABLE_COLUMNS", "DIFF_COLUMNS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +145,17 @@ def grad_spikes(norms: Sequence[float], factor: float = 3.0) -> int:
 # --------------------------------------------------------------------------------------
 
 
+def fit_groups(tokens: int, groups: int, budget: int, full: int) -> int:
+    """Groups of episodes for the next training step: a full step (``full`` groups), or, when a
+    full step would cross ``budget``, as many groups as the rest of the budget buys at the
+    tokens per group seen so far (at least one). Without it a system whose step is large
+    (MALT, ReMA: 2-3k tokens) overshoots the budget by up to a whole step."""
+    if groups == 0:
+        return full  # no estimate yet: the first step is a full one
+    per_group = tokens / groups
+    return max(1, min(full, round((budget - tokens) / per_group)))
+
+
 def _env_id(args: argparse.Namespace, kind: str) -> str:
     return {"solo": args.solo_env, "duo": args.duo_env, "malt": args.malt_env, "rema": args.rema_env}[kind]
 
@@ -231,10 +242,13 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
         spec, config = _config(system, seed, args, out / "rundirs" / system.name / f"seed{seed}")
         trainer = spec.trainer_cls(config)
         tokens, curve, spent = 0, [], 0.0
-        cpu = 0.0
+        cpu, groups = 0.0, 0
+        full = config.num_envs // trainer.group_size
         while tokens < args.token_budget and trainer.global_step < args.max_steps:
             t0, c0 = time.perf_counter(), time.process_time()
-            m = trainer.train_step()
+            n = fit_groups(tokens, groups, args.token_budget, full)
+            m = trainer.train_step(n)
+            groups += n
             spent += time.perf_counter() - t0
             cpu += time.process_time() - c0
             tokens += int(m.get("rollout/tokens", 0))
@@ -243,7 +257,7 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
                   f"{tokens}/{args.token_budget} tokens, {spent / 60:.1f} min", flush=True)
         if trainer.logger is not None:
             trainer.logger.flush()
-        rec.update(train_tokens=tokens, steps=trainer.global_step, train_minutes=spent / 60, train_cpu_minutes=cpu / 60, curve=curve,
+        rec.update(train_tokens=tokens, steps=trainer.global_step, train_groups=groups, train_minutes=spent / 60, train_cpu_minutes=cpu / 60, curve=curve,
                    config={k: v for k, v in config.to_dict().items() if k in ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides")})
         rec["eval"] = _heldout(trainer.policy, env_id, args)
     rec["job_minutes"] = (time.perf_counter() - t_job) / 60
@@ -548,8 +562,8 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
         "# Equal-budget baselines\n\n"
         f"`{command}`\n\n"
         f"model `{args.model}`, envs solo `{args.solo_env}` / duo `{args.duo_env}` / MALT `{args.malt_env}` / ReMA `{args.rema_env}` "
-        f"with env kwargs `{args.env_kwargs}`; training budget {budget} generated tokens per trained run (the last step may "
-        f"overshoot: see train_tokens); held-out: test problems 0..{n_problems - 1} (the first --eval-n {args.eval_n}, or the whole "
+        f"with env kwargs `{args.env_kwargs}`; training budget {budget} generated tokens per trained run (the last step collects "
+        f"only the groups the rest of the budget buys: see train_tokens); held-out: test problems 0..{n_problems - 1} (the first --eval-n {args.eval_n}, or the whole "
         f"split when smaller), greedy; seeds {args.seeds}; "
         f"bootstrap {args.bootstrap} replicates; versions: " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n"
         + markdown_table(rows, TABLE_COLUMNS)

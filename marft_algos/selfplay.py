@@ -172,9 +172,9 @@ class SelfPlayMixin:
         """Every agent the trainer would update except the frozen opponent seat."""
         return [a for a in super().update_agents(batch) if a != self.selfplay.opponent]  # type: ignore[misc]
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self, num_groups: int | None = None) -> dict[str, float]:
         """One step; then, every ``snapshot_every`` steps, the learner joins the pool."""
-        out = super().train_step()  # type: ignore[misc]
+        out = super().train_step(num_groups)  # type: ignore[misc]
         step = int(self.global_step)  # type: ignore[attr-defined]
         if step % self.selfplay.snapshot_every == 0:
             self.pool.add(step, self.policy.adapter_state_dict(self.selfplay.learner))  # type: ignore[attr-defined]

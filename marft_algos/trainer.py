@@ -179,6 +179,8 @@ class Trainer(ABC):
     config_cls: ClassVar[type[TrainConfig]] = TrainConfig
     #: group size used by the collector (GRPO: config.group_size)
     group_size: int = 1
+    #: groups collected in the running step when train_step(num_groups=...) asked for a count
+    _step_groups: int | None = None
 
     def __init__(
         self,
@@ -376,10 +378,15 @@ class Trainer(ABC):
         return out
 
     # ---- the three phases --------------------------------------------------------
+    def groups_this_step(self) -> int:
+        """Groups of episodes the running step collects, over all ranks: ``num_envs // group_size``,
+        or the ``num_groups`` passed to :meth:`train_step`."""
+        return self._step_groups or self.config.num_envs // self.group_size
+
     def collect(self) -> RolloutBatch:
-        """Play ``config.num_envs`` episodes with the current policy (no gradients)."""
+        """Play :meth:`groups_this_step` groups of episodes with the current policy (no gradients)."""
         with torch.no_grad():  # each rank plays its slice of the one global problem list
-            return self.dist.collect(self.collector, self.config.num_envs // self.group_size)
+            return self.dist.collect(self.collector, self.groups_this_step())
 
     @abstractmethod
     def compute_advantages(self, batch: RolloutBatch) -> None:
@@ -786,8 +793,24 @@ class Trainer(ABC):
         """Hook: runs after all minibatches of a step (e.g. sync a target network)."""
 
     # ---- the loop ----------------------------------------------------------------
-    def train_step(self) -> dict[str, float]:
-        """One full step; returns its metrics (also logged and appended to ``history``)."""
+    def train_step(self, num_groups: int | None = None) -> dict[str, float]:
+        """One full step; returns its metrics (also logged and appended to ``history``).
+
+        ``num_groups`` collects that many groups of episodes this step instead of
+        ``num_envs // group_size`` (e.g. a smaller last step that fits a token budget); under a
+        launcher it must be a multiple of the world size, as every rank plays an equal share.
+        """
+        if num_groups is not None and (isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1):
+            raise ValueError(f"num_groups must be a positive int (groups of episodes to collect), got {num_groups!r}")
+        if num_groups is not None and num_groups % self.dist.world_size:
+            raise ValueError(f"num_groups={num_groups} does not split over {self.dist.world_size} ranks: pass a multiple of the world size")
+        self._step_groups = num_groups
+        try:
+            return self._train_step()
+        finally:
+            self._step_groups = None
+
+    def _train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         if self.dist.active:  # each rank samples its own stream, the same one after a resume on any world size
             seed_everything(rank_seed(self.config.seed, self.global_step, self.dist.rank) % 2**32)

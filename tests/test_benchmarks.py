@@ -486,3 +486,12 @@ def test_equal_budget_majk_plays_the_same_problems_when_eval_n_exceeds_the_split
     n = [len(json.loads((out / "runs" / s / "seed0.json").read_text())["correct_per_problem"])
          for s in ("untrained-solo", "untrained-duo", "solo-majk")]
     assert n == [24, 24, 24]  # the test split of this level has 24 problems
+
+
+def test_equal_budget_fits_the_last_step_to_the_budget(eb: ModuleType) -> None:
+    """A full step while it fits; then the groups the rest of the budget buys at the rate seen so far."""
+    assert eb.fit_groups(0, 0, 3500, 8) == 8  # no estimate yet
+    assert eb.fit_groups(2800, 8, 3500, 8) == 2  # ReMA-like: 350 tokens/group, 700 left
+    assert eb.fit_groups(1200, 8, 3500, 8) == 8  # a full step still fits
+    assert eb.fit_groups(3400, 8, 3500, 8) == 1  # at least one group
+    assert eb.fit_groups(2300, 8, 3500, 8) == 4  # 287.5/group, 1200 left -> 4.17

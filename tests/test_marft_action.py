@@ -377,3 +377,10 @@ def test_checkpoint_round_trip_restores_the_critic(tmp_path):
 def test_marft_action_learns_echo():
     """Team reward rises from chance (1/|V| = 0.25) to well above it."""
     assert_learns_echo(MARFTActionTrainer, tiny_config)
+
+
+def test_train_step_with_fewer_groups_reaches_the_critic_trainer():
+    """MARFT's train_step (the collapse check around the runtime's) passes num_groups through."""
+    t = MARFTActionTrainer(tiny_config(num_envs=4), policy=letter_policy())
+    t.train_step(num_groups=1)
+    assert len(t.last_batch.episodes) == 1 and t.global_step == 1

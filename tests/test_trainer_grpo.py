@@ -239,3 +239,18 @@ def test_turn_estimator_counts_the_team_reward_once_per_tool_calling_action():
                                          action_index=0 if agent == "speaker" else k))
     t.compute_advantages(RolloutBatch(episodes=[ep]))
     assert [tr.returns for tr in ep.transitions] == [1.0, 1.0, 1.0]  # turn_gamma 1: the reply's reward reaches the call
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_train_step_collects_the_groups_asked_for(dynamic):
+    """train_step(num_groups=n) plays n groups this step only (a last step fitted to a token budget)."""
+    t = make(num_envs=6, group_size=2, dynamic_sampling=dynamic, max_resample_tries=1)
+    t.train_step(1)
+    first = len(t.last_batch.episodes)
+    assert (first <= 2 if dynamic else first == 2) and t.groups_this_step() == 3  # dynamic sampling keeps at most the 1 group
+    t.train_step()
+    assert len(t.last_batch.episodes) <= 6 if dynamic else len(t.last_batch.episodes) == 6
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_groups"):
+            t.train_step(bad)
+    assert t.groups_this_step() == 3 and t.global_step == 2  # a refused step changes nothing

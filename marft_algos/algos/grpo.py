@@ -96,9 +96,9 @@ class GRPOTrainer(RewardSourceSetting, Trainer):
 
     # ---- rollouts with DAPO dynamic sampling ----------------------------------------
     def collect(self) -> RolloutBatch:
-        """One batch of ``num_envs // group_size`` groups; with dynamic sampling, no-signal groups are dropped and more are collected (DAPO)."""
+        """One batch of :meth:`groups_this_step` groups; with dynamic sampling, no-signal groups are dropped and more are collected (DAPO)."""
         c = self.config
-        num_groups = c.num_envs // c.group_size // self.dist.world_size  # this rank's share
+        num_groups = self.groups_this_step() // self.dist.world_size  # this rank's share
         batch = super().collect()
         if not c.dynamic_sampling:
             return batch

@@ -265,11 +265,11 @@ class MARFTTrainerBase(Trainer):
                 put(t, (np.asarray(get(t)) - mu) / (sd + 1e-8))
 
     # ---- loop: recovery --------------------------------------------------------------------
-    def train_step(self) -> dict[str, float]:
+    def train_step(self, num_groups: int | None = None) -> dict[str, float]:
         """One step, then the collapse check (which may roll back)."""
         if self.recovery is not None and self.recovery.good is None:
             self.recovery.start()  # the starting weights are the first good checkpoint
-        m = super().train_step()
+        m = super().train_step(num_groups)
         if self.recovery is not None:
             self.recovery.after_step(m)
         return m
