@@ -187,7 +187,18 @@ def _heldout(policy: Any, env_id: str, args: argparse.Namespace) -> dict[str, An
                    sampling_overrides=_sampling(_agents(env_id, env_kwargs), args), seed=1234)
     d = res.to_dict()
     d["correct_per_problem"] = [int(bool(ep.correct)) for ep in res.episodes]
+    d["score_per_problem"] = [_episode_score(ep) for ep in res.episodes]
     return d
+
+
+def _episode_score(ep: Any) -> float:
+    """The grader's score of the episode's last graded turn (answer F1 in RAG), else its 0/1 correctness."""
+    score = None
+    for t in ep.transitions:
+        g = t.info.get("grade")
+        if isinstance(g, dict) and isinstance(g.get("score"), int | float) and not isinstance(g.get("score"), bool):
+            score = float(g["score"])
+    return float(bool(ep.correct)) if score is None else score
 
 
 def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path) -> tuple[Any, Any]:
@@ -288,7 +299,8 @@ def _majority(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     votes = sorted(majority_vote(recs, budget=k, k=1), key=lambda r: r.problem)
     s = summarize(votes)
     ev = {"mean_tokens": s["tokens_per_episode"], "n": s["problems"], "accuracy": s["accuracy"],
-          "correct_per_problem": [int(r.correct) for r in votes], "single_sample_accuracy": summarize(recs)["accuracy"]}
+          "correct_per_problem": [int(r.correct) for r in votes],
+          "score_per_problem": [float(r.correct) if r.score is None else r.score for r in votes], "single_sample_accuracy": summarize(recs)["accuracy"]}
     return {"k": k, "token_ratio": ratio, "eval": ev, "train_tokens": 0, "steps": 0, "train_minutes": 0.0, "curve": []}
 
 
@@ -453,14 +465,26 @@ def _row(s: System, recs: list[dict[str, Any]], args: argparse.Namespace) -> dic
     }
 
 
-def _diffs(runs: dict[str, list[dict[str, Any]]], reps: int) -> list[dict[str, Any]]:
+def _scores(rec: dict[str, Any]) -> list[float]:
+    """A job's per-problem grader scores (jobs written before they were recorded: the 0/1 correctness)."""
+    return rec["eval"].get("score_per_problem", rec["correct_per_problem"])
+
+
+def _graded_beyond_correctness(runs: dict[str, list[dict[str, Any]]]) -> bool:
+    """True when some job's grader scores are not its 0/1 correctness (e.g. RAG's answer F1)."""
+    return any(_scores(r) != [float(c) for c in r["correct_per_problem"]] for rs in runs.values() for r in rs)
+
+
+def _diffs(runs: dict[str, list[dict[str, Any]]], reps: int, per_problem: Any = None) -> list[dict[str, Any]]:
+    """Paired differences of :data:`COMPARISONS` on ``per_problem(job)`` (default: 0/1 correctness)."""
+    per_problem = per_problem or (lambda r: r["correct_per_problem"])
     rows = []
     for a, b in COMPARISONS:
         ra, rb = runs.get(a, []), runs.get(b, [])
         if not ra or not rb:
             rows.append({"a": a, "b": b, "significant": "not run"})
             continue
-        d = paired_bootstrap(np.array([r["correct_per_problem"] for r in ra]), np.array([r["correct_per_problem"] for r in rb]), reps=reps)
+        d = paired_bootstrap(np.array([per_problem(r) for r in ra]), np.array([per_problem(r) for r in rb]), reps=reps)
         sig = d["ci_low"] > 0 or d["ci_high"] < 0
         rows.append({"a": a, "b": b, **d, "significant": "yes" if sig else "no", "seeds_a": len(ra), "seeds_b": len(rb)})
     return rows
@@ -574,9 +598,14 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
         + "\n\n## Per-agent view (training metrics, first step -> last step, mean over seeds)\n\n"
         + (markdown_table(agents, agent_cols) if agents else "no trained run yet") + "\n"
     )
+    score_diffs = _diffs(runs, args.bootstrap, _scores) if _graded_beyond_correctness(runs) else []
+    if score_diffs:  # e.g. RAG, where exact match is near 0 and answer F1 carries the signal
+        means = [{"system": s.name, "mean_score": float(np.mean([np.mean(_scores(r)) for r in runs[s.name]]))} for s in SYSTEMS if runs[s.name]]
+        text += ("\n## The grader's score (e.g. answer F1; maj@k: the voted sample's score): means and paired differences\n\n"
+                 + markdown_table(means, ["system", "mean_score"]) + "\n\n" + markdown_table(score_diffs, DIFF_COLUMNS) + "\n")
     (out / "equal_budget.md").write_text(text)
     write_csv(out / "equal_budget.csv", rows, TABLE_COLUMNS)
-    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "stability": stab, "per_agent": agents,
+    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents,
                                            "versions": meta, "settings": {k: v for k, v in vars(args).items() if k != "job"}})
     _plot(out, runs)
     return text

@@ -455,6 +455,20 @@ def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
     diff = next(d for d in report["differences"] if d["a"] == "duo-grpo" and d["b"] == "untrained-duo")
     assert diff["ci_low"] <= diff["difference"] <= diff["ci_high"] and diff["seeds_a"] == 2
     assert (out / "equal_budget.png").is_file() and "not run" in (out / "equal_budget.md").read_text()
+    assert rec["eval"]["score_per_problem"] == [float(c) for c in rec["correct_per_problem"]]  # arith: the score is correctness
+    assert report["score_differences"] == [] and "grader's score" not in (out / "equal_budget.md").read_text()
+    # a grader with partial credit (RAG's answer F1): a second table of paired differences on the score
+    path = out / "runs" / "duo-grpo" / "seed0.json"
+    job = json.loads(path.read_text())
+    job["eval"]["score_per_problem"] = [0.5, 0.25, 1.0]
+    path.write_text(json.dumps(job))
+    assert eb.main([*argv, "--report-only"]) == 0
+    scored = json.loads((out / "equal_budget.json").read_text())["score_differences"]
+    d = next(d for d in scored if d["a"] == "duo-grpo" and d["b"] == "untrained-duo")
+    untrained = json.loads((out / "runs" / "untrained-duo" / "seed0.json").read_text())["correct_per_problem"]
+    other = np.mean(json.loads((out / "runs" / "duo-grpo" / "seed1.json").read_text())["correct_per_problem"])
+    assert d["difference"] == pytest.approx((np.mean([0.5, 0.25, 1.0]) + other) / 2 - np.mean(untrained))
+    assert "grader's score" in (out / "equal_budget.md").read_text()
 
 
 def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_path: Path) -> None:
