@@ -546,10 +546,10 @@ def _plot(out: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
         colors[s.name] = f"C{i % 10}"
         for j, r in enumerate(runs.get(s.name, [])):
             if r["curve"]:
-                a1.plot([st["train/step"] if "train/step" in st else n + 1 for n, st in enumerate(r["curve"])],
+                a1.plot([st["tokens_so_far"] for st in r["curve"]],  # the budget's unit: steps differ in size across systems
                         [st.get("team/reward", float("nan")) for st in r["curve"]], "o-", ms=3, alpha=0.8, color=colors[s.name],
                         label=s.name if j == 0 else None)
-    a1.set_xlabel("training step")
+    a1.set_xlabel("generated training tokens")
     a1.set_ylabel("team reward (training batch)")
     a1.set_title("learning curves (one line per seed)")
     a1.legend(fontsize=7)
