@@ -103,6 +103,9 @@ class PolicySharding:
         # through the layer outputs on which FSDP2 hooks its pre-backward all-gather (the
         # weights would be freed): training forwards run every row's full sequence.
         policy.share_prefixes_with_grad = False
+        # The LM head's weights are resharded when the root's forward ends: a chunked head
+        # run after it would read shards, so checkpointed forwards keep the full logits.
+        policy.chunked_head = False
         # The first forward through a root makes it FSDP's root; run it here, in lock-step,
         # before a rollout or a critic reads the backbone directly (which would make a
         # decoder layer the root).

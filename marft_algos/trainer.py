@@ -572,8 +572,9 @@ class Trainer(ABC):
 
     def minibatch_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
         """The policy loss plus the extra losses of ``agent`` on ``mb`` (one forward), and their metrics."""
-        stats = self.policy.sequence_logprobs(
-            agent, [t.prompt_ids for t in mb], [t.response_ids for t in mb], temperature=self.temperature_of(mb)
+        stats = self.policy.sequence_logprobs(  # no entropy bonus: no entropy graph (one vocab-sized tensor less to keep)
+            agent, [t.prompt_ids for t in mb], [t.response_ids for t in mb], temperature=self.temperature_of(mb),
+            entropy_grad=getattr(self.config, "ent_coef", 0.0) > 0,
         )
         loss, metrics = self.policy_loss(agent, mb, stats)
         extra, extra_metrics = self.extra_losses(agent, mb, stats)

@@ -88,3 +88,63 @@ def test_config_reaches_the_policy_and_a_step_trains():
     assert t.policy.activation_checkpointing and t.policy._bases[0].ckpt_layers
     m = t.train_step()
     assert m["train/step"] == 1.0 and m.get("train/nonfinite_skips", 0.0) == 0.0
+
+
+def test_the_checkpointed_head_keeps_no_vocab_sized_tensor():
+    """Under checkpointing the LM head runs in recomputed chunks: nothing [tokens, vocab] is saved."""
+    plain, ckpt = policy(share_prefixes=False), policy(activation_checkpointing=True)
+    vocab = ckpt.model("listener").get_output_embeddings().out_features
+
+    def saved_shapes(pol: TeamPolicy) -> list[tuple[int, ...]]:
+        shapes = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            shapes.append(tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            pol.sequence_logprobs("listener", PROMPTS, RESPONSES)
+        return shapes
+
+    assert any(s and s[-1] == vocab for s in saved_shapes(plain))
+    assert not any(s and s[-1] == vocab for s in saved_shapes(ckpt))
+    assert isinstance(ckpt.model("listener").get_output_embeddings(), torch.nn.Linear)  # the head is back in place
+
+
+@pytest.mark.parametrize("entropy_grad", [True, False])
+def test_chunked_head_matches_the_full_head(entropy_grad):
+    """Several chunks (of 3 tokens) give the full head's log-probs, entropies and gradients."""
+    from marft_algos.models.chunked_head import chunked_head_stats
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11, bias=False)
+    hidden = torch.randn(2, 5, 8, requires_grad=True)
+    targets = torch.randint(0, 11, (2, 5))
+    logp_all = torch.log_softmax(head(hidden) / 0.7, dim=-1)
+    logp, ent = logp_all.gather(-1, targets[..., None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+    (logp.sum() + (0.3 * ent.sum() if entropy_grad else 0)).backward()
+    want = hidden.grad.clone(), head.weight.grad.clone()
+    hidden.grad, head.weight.grad = None, None
+    logp2, ent2 = chunked_head_stats(head, hidden, targets, temperature=0.7, entropy_grad=entropy_grad, chunk_elements=3 * 11)
+    assert ent2.requires_grad == entropy_grad
+    (logp2.sum() + (0.3 * ent2.sum() if entropy_grad else 0)).backward()
+    torch.testing.assert_close(logp2, logp)
+    torch.testing.assert_close(ent2, ent.detach())
+    torch.testing.assert_close(hidden.grad, want[0])
+    torch.testing.assert_close(head.weight.grad, want[1])
+
+
+def test_models_with_logit_softcapping_keep_the_full_head():
+    from types import SimpleNamespace
+
+    from marft_algos.models.chunked_head import supports_chunked_head
+
+    class Model(SimpleNamespace):
+        def get_output_embeddings(self):
+            return self.head
+
+    head = torch.nn.Linear(4, 6)
+    assert supports_chunked_head(Model(head=head, config=SimpleNamespace()))
+    assert not supports_chunked_head(Model(head=head, config=SimpleNamespace(final_logit_softcapping=30.0)))
+    assert not supports_chunked_head(Model(head=head, config=SimpleNamespace(logit_scale=0.0625)))
+    assert not supports_chunked_head(Model(head=torch.nn.Identity(), config=SimpleNamespace()))

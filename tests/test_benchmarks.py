@@ -509,3 +509,11 @@ def test_equal_budget_fits_the_last_step_to_the_budget(eb: ModuleType) -> None:
     assert eb.fit_groups(1200, 8, 3500, 8) == 8  # a full step still fits
     assert eb.fit_groups(3400, 8, 3500, 8) == 1  # at least one group
     assert eb.fit_groups(2300, 8, 3500, 8) == 4  # 287.5/group, 1200 left -> 4.17
+
+
+def test_forward_memory_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/forward_memory.py: one fresh process per mode, a table with ratios to plain."""
+    fm = _load("forward_memory")
+    assert fm.main(["--model", "tiny-random", "--rows", "2", "--prompt", "4", "--response", "8", "--modes", "plain,checkpointing"]) == 0
+    out = capsys.readouterr().out
+    assert "| plain |" in out and "| checkpointing |" in out and "rss_vs_plain" in out

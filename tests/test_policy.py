@@ -242,6 +242,24 @@ def test_logprobs_are_computed_without_dropout_unless_asked():
     assert not pol.model("a").training  # the mode is restored
 
 
+def test_entropy_without_a_graph_leaves_the_logprob_gradient_exact():
+    """entropy_grad=False (no entropy bonus): the same values, the same log-prob gradient, no entropy graph."""
+    pol = TeamPolicy(["a"], base="tiny-random")
+    perturb(pol, scale=0.3)
+    p, r = [[257, 10, 65, 66], [257, 11]], [[67, 68, 69, 70], [71, 72]]
+    params = pol.trainable_parameters("a")
+    grads, stats = [], []
+    for entropy_grad in (True, False):
+        pol.model("a").zero_grad()
+        st = pol.sequence_logprobs("a", p, r, temperature=0.7, entropy_grad=entropy_grad)
+        (st.logprobs.sum() / st.mask.sum()).backward()
+        grads.append([q.grad.clone() for q in params])
+        stats.append(st)
+    assert stats[0].entropy.requires_grad and not stats[1].entropy.requires_grad
+    assert torch.equal(stats[0].entropy.detach(), stats[1].entropy) and torch.equal(stats[0].logprobs.detach(), stats[1].logprobs.detach())
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
 def test_empty_responses_give_empty_stats(policy):
     st = policy.sequence_logprobs("planner", [[1, 2], [3]], [[], []])
     assert st.logprobs.shape == (2, 0) and st.mask.shape == (2, 0)
