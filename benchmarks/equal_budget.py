@@ -1,10 +1,14 @@
 """Equal-budget baselines: does training the team beat training one agent, or sampling it more?
 
     python benchmarks/equal_budget.py --jobs 2 --out runs/equal_budget                 # easy arith level, ~6 duo steps per run
-    python benchmarks/equal_budget.py --jobs 2 --token-budget 3500 --eval-n 100 --num-envs-eval 50 \
+    python benchmarks/equal_budget.py --jobs 2 --token-budget 3500 --eval-n 100 --num-envs-eval 50 \\
         --out runs/equal_budget                                                      # the run of docs/results.md (~3 duo steps)
-    python benchmarks/equal_budget.py --jobs 2 --env-kwargs '{}' --token-budget 40000 \\
-        --out runs/equal_budget-default                                              # the default arith level
+    python benchmarks/equal_budget.py --jobs 2 --env-kwargs '{}' --token-budget 3500 --eval-n 100 \\
+        --num-envs-eval 50 --out runs/equal_budget-default                           # the default arith level
+    python benchmarks/equal_budget.py --jobs 2 --solo-env rag-solo-v0 --duo-env rag-quartet-v0 \\
+        --env-kwargs '{"hops": [1], "k": 3, "max_doc_chars": 300}' --max-new-tokens 24 --token-budget 1000 \\
+        --set num_envs=8 --eval-n 32 --num-envs-eval 32 --out runs/equal_budget-rag \\
+        --systems untrained-solo,untrained-duo,solo-grpo,duo-marft-action,duo-grpo   # RAG: solo vs the quartet
     python benchmarks/equal_budget.py --report-only --out runs/equal_budget          # rebuild the report
     python benchmarks/equal_budget.py --model tiny-random --token-budget 40 --eval-n 4 --seeds 0,1 \\
         --set num_envs=2 --max-new-tokens 4 --out /tmp/eb                           # smoke
