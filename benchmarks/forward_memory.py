@@ -59,6 +59,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, float | str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run every mode in a fresh process (or one ``--mode`` here) and print the table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--rows", type=int, default=16)
