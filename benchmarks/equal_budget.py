@@ -184,25 +184,16 @@ def _agents(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
 
 def _heldout(policy: Any, env_id: str, args: argparse.Namespace) -> dict[str, Any]:
     """Greedy evaluation on test problems 0..eval_n-1 with the training token limits; per-problem correctness."""
-    from marft_algos.evaluation import evaluate
+    from marft_algos.evaluation import episode_score, evaluate
 
     env_kwargs = json.loads(args.env_kwargs)
     res = evaluate(policy, env_id, env_kwargs=env_kwargs, n=args.eval_n, split="test", num_envs=args.num_envs_eval, greedy=True,
                    sampling_overrides=_sampling(_agents(env_id, env_kwargs), args), seed=1234)
     d = res.to_dict()
     d["correct_per_problem"] = [int(bool(ep.correct)) for ep in res.episodes]
-    d["score_per_problem"] = [_episode_score(ep) for ep in res.episodes]
+    # the grader's score (answer F1 in RAG), or the 0/1 correctness of an ungraded episode
+    d["score_per_problem"] = [float(bool(ep.correct)) if (s := episode_score(ep)) is None else s for ep in res.episodes]
     return d
-
-
-def _episode_score(ep: Any) -> float:
-    """The grader's score of the episode's last graded turn (answer F1 in RAG), else its 0/1 correctness."""
-    score = None
-    for t in ep.transitions:
-        g = t.info.get("grade")
-        if isinstance(g, dict) and isinstance(g.get("score"), int | float) and not isinstance(g.get("score"), bool):
-            score = float(g["score"])
-    return float(bool(ep.correct)) if score is None else score
 
 
 def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path) -> tuple[Any, Any]:

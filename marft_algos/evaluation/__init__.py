@@ -80,6 +80,7 @@ from marft_algos.evaluation.report import (
 from marft_algos.evaluation.samples import (
     SampleRecord,
     agent_tool_stats,
+    episode_score,
     play,
     run_samples,
     sampling_overrides,
@@ -148,6 +149,7 @@ __all__ = [
     "run_compare",
     "run_leaderboard",
     "run_samples",
+    "episode_score",
     "saved_roles",
     "sampling_overrides",
     "select_suites",

@@ -13,7 +13,7 @@ from typing import Any
 
 from marft_algos.evaluation.report import wilson
 
-__all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "run_samples", "summarize", "by_problem", "overlong_agents",
+__all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "episode_score", "run_samples", "summarize", "by_problem", "overlong_agents",
            "agent_tool_stats", "COST_COMPONENTS"]
 
 #: Reward components that are costs (they enter the reward negated; see marft_envs.rewards).
@@ -106,17 +106,25 @@ def play(
     return resets, list(batch.episodes)
 
 
+def episode_score(ep: Any) -> float | None:
+    """The grader's score of episode ``ep``'s last graded turn (e.g. answer F1 in RAG); None if never graded."""
+    score = None
+    for t in ep.transitions:
+        g = t.info.get("grade")
+        if isinstance(g, dict) and isinstance(g.get("score"), (int, float)):
+            score = float(g["score"])
+    return score
+
+
 def to_record(spec: dict[str, Any], ep: Any, seed: int) -> SampleRecord:
     """The :class:`SampleRecord` of episode ``ep`` played from reset spec ``spec`` (see :func:`play`)."""
-    answer, timed_out, score = None, False, None
+    answer, timed_out = None, False
     components: dict[str, float] = {}
     for t in ep.transitions:
         g = t.info.get("grade")
         if isinstance(g, dict):
             answer = g.get("extracted")
             timed_out = timed_out or bool(g.get("timed_out"))
-            if isinstance(g.get("score"), (int, float)):
-                score = float(g["score"])
         comps = t.info.get("reward_components")
         if isinstance(comps, dict) and "team_reward" in t.info:
             for name, v in comps.items():
@@ -138,7 +146,7 @@ def to_record(spec: dict[str, Any], ep: Any, seed: int) -> SampleRecord:
         actions=actions,
         reward=float(ep.team_return),
         components=components,
-        score=score,
+        score=episode_score(ep),
     )
 
 
