@@ -572,7 +572,7 @@ class Trainer(ABC):
 
     def minibatch_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
         """The policy loss plus the extra losses of ``agent`` on ``mb`` (one forward), and their metrics."""
-        stats = self.policy.sequence_logprobs(  # no entropy bonus: no entropy graph (one vocab-sized tensor less to keep)
+        stats = self.policy.sequence_logprobs(  # no entropy bonus: the entropies are a metric, without a graph
             agent, [t.prompt_ids for t in mb], [t.response_ids for t in mb], temperature=self.temperature_of(mb),
             entropy_grad=getattr(self.config, "ent_coef", 0.0) > 0,
         )
@@ -604,8 +604,7 @@ class Trainer(ABC):
         loss units, so the summed gradients are the whole minibatch's. Returns the detached
         total loss (non-finite if any piece's was: the step is then skipped) and the
         share-weighted metrics."""
-        for opt in {id(o): o for o in (self.optimizers[k] for k in self.optimizer_keys(agent))}.values():
-            opt.zero_grad(set_to_none=True)
+        self.zero_grads(agent)
         weights = [minibatch_weight(self, p) for p in pieces]
         whole = sum(weights)
         total = torch.zeros((), dtype=torch.float64)
@@ -688,6 +687,11 @@ class Trainer(ABC):
         """Hook: return False to skip this agent's step (e.g. a KL hard cut)."""
         return True
 
+    def zero_grads(self, agent: str) -> None:
+        """Clear the gradients of every optimizer ``agent`` steps (once each: optimizers may be shared)."""
+        for opt in {id(o): o for o in (self.optimizers[k] for k in self.optimizer_keys(agent))}.values():
+            opt.zero_grad(set_to_none=True)
+
     def optimizer_step(
         self, agent: str, loss: torch.Tensor, metrics: dict[str, float], *, accumulated: bool = False
     ) -> tuple[bool, dict[str, float]]:
@@ -701,8 +705,7 @@ class Trainer(ABC):
         keys = self.optimizer_keys(agent)
         opts = {k: self.optimizers[k] for k in keys}
         if not accumulated:
-            for opt in opts.values():
-                opt.zero_grad(set_to_none=True)
+            self.zero_grads(agent)
         if self.dist.any(not torch.isfinite(loss.detach()).all()):  # one rank's NaN skips every rank's step
             self._skip_nonfinite(agent, "loss", opts)
             return False, {}
@@ -743,8 +746,7 @@ class Trainer(ABC):
                 self._skip_nonfinite(agent, "grad", opts)
             return False, norms
         if not self.before_optimizer_step(agent, metrics):
-            for opt in opts.values():
-                opt.zero_grad(set_to_none=True)
+            self.zero_grads(agent)
             if scaler is not None:
                 scaler.update()  # closes this scaling round (unscale_ happened)
             return False, norms

@@ -20,10 +20,19 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["supports_chunked_head", "hidden_instead_of_logits", "chunked_head_stats", "CHUNK_ELEMENTS"]
+__all__ = ["token_stats", "supports_chunked_head", "hidden_instead_of_logits", "chunked_head_stats", "CHUNK_ELEMENTS"]
 
 #: vocab-sized elements per chunk (128 MB in fp32): 682 tokens of a 49k vocabulary
 CHUNK_ELEMENTS = 1 << 25
+
+
+def token_stats(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log p(target), entropy)`` per position of ``softmax(logits / temperature)`` (fp32);
+    ``entropy_grad=False`` computes the entropies without a graph (a metric, not a loss term)."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy
 
 
 def supports_chunked_head(model: Any) -> bool:
@@ -72,10 +81,7 @@ def chunked_head_stats(
     step = max(1, chunk_elements // head.out_features)
 
     def stats(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logp_all = torch.log_softmax(head(x).float() / temperature, dim=-1)
-        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp_all.gather(-1, y[:, None]).squeeze(-1), entropy
+        return token_stats(head(x), y, temperature=temperature, entropy_grad=entropy_grad)
 
     grad = torch.is_grad_enabled()
     parts = [

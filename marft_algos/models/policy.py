@@ -45,6 +45,7 @@ from marft_algos.models.chunked_head import (
     chunked_head_stats,
     hidden_instead_of_logits,
     supports_chunked_head,
+    token_stats,
 )
 from marft_algos.models.layout import Layout, build_layout
 from marft_algos.models.loading import load_base, parse_dtype
@@ -681,8 +682,9 @@ class TeamPolicy:
         with dropout would put mask noise into every ratio and KL).
 
         ``entropy_grad=False`` returns the entropies without a graph (a loss without an
-        entropy bonus): the backward then keeps one ``[B, T, vocab]`` tensor alive instead of
-        two, e.g. ~1.7 GB less for 31 rows of 278 tokens with SmolLM2's 49k vocabulary.
+        entropy bonus): autograd saves no vocab-sized tensor for them. With the full head the
+        forward's peak is the same either way (the logits and log-softmax are there at
+        once); with the chunked head each chunk's recomputation also skips the entropy's graph.
 
         Returns:
             :class:`TokenStats` with ``[B, T]`` tensors, ``T`` = longest response; the
@@ -745,10 +747,7 @@ class TeamPolicy:
                 )
                 logits = out.logits
                 self.stats["train_prefix_saved"] += sum(len(p) for p in prompt_ids) - plan.tokens(prompt_ids)
-        logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-        logp = logp_all.gather(-1, resp[..., None]).squeeze(-1)
-        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        logp, entropy = token_stats(logits, resp, temperature=temperature, entropy_grad=entropy_grad)
         return TokenStats(logp * rmask, entropy * rmask, rmask)
 
     # ------------------------------------------------------------------------------------
