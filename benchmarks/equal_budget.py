@@ -249,7 +249,7 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
         trainer = spec.trainer_cls(config)
         tokens, curve, spent = 0, [], 0.0
         cpu, groups = 0.0, 0
-        full = config.num_envs // trainer.group_size
+        full = config.num_envs // trainer.algorithm.group_size
         while tokens < args.token_budget and trainer.global_step < args.max_steps:
             t0, c0 = time.perf_counter(), time.process_time()
             n = fit_groups(tokens, groups, args.token_budget, full)

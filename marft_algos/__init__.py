@@ -9,6 +9,8 @@ and pluggable trainers (GRPO, independent PPO, MARFT), all behind one interface.
 
 from __future__ import annotations
 
+from marft_algos.algorithm import Algorithm
+from marft_algos.callbacks import Callback
 from marft_algos.checkpoint import (
     CheckpointError,
     find_checkpoint,
@@ -17,6 +19,7 @@ from marft_algos.checkpoint import (
 )
 from marft_algos.config import ConfigError, TrainConfig
 from marft_algos.logging import MetricsLogger
+from marft_algos.optim import OptimizerSet
 from marft_algos.registry import (
     ALGORITHMS,
     AlgorithmSpec,
@@ -32,6 +35,9 @@ from marft_algos.trainer import Trainer
 
 __all__ = [
     "ALGORITHMS",
+    "Algorithm",
+    "Callback",
+    "OptimizerSet",
     "AlgorithmSpec",
     "CheckpointError",
     "ConfigError",

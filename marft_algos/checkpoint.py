@@ -98,13 +98,20 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
+def _no_fault(point: str, step: int) -> None:
+    """No fault injected."""
+
+
 def _step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
 def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
-    """Write ``trainer``'s full state atomically under ``root``; returns the checkpoint dir."""
-    from marft_algos.rundir import _test_pause
+    """Write ``trainer``'s full state atomically under ``root``; returns the checkpoint dir.
+
+    ``trainer.fault(point, step)``, when the trainer has one, is called at the named points of
+    the write (``save:policy`` ... ``save:latest``): the crash tests kill the process there."""
+    fault = getattr(trainer, "fault", None) or _no_fault
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -119,9 +126,9 @@ def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
     try:
         with unsharded():
             trainer.policy.save(tmp / "policy")
-            _test_pause("save:policy", step)
+            fault("save:policy", step)
             torch.save(trainer.state_dict(), tmp / "trainer.pt")
-        _test_pause("save:trainer", step)
+        fault("save:trainer", step)
         (tmp / "config.json").write_text(json.dumps(trainer.config.to_dict(), indent=2, sort_keys=True))
         files = {}
         for p in sorted(tmp.rglob("*")):
@@ -135,17 +142,17 @@ def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         fsync_dir(tmp)
-        _test_pause("save:manifest", step)
+        fault("save:manifest", step)
         if final.exists():  # the same step saved twice (e.g. save_every and the final save)
             trash = root / f".old-{name}-{os.getpid()}-{time.time_ns()}"
             os.rename(final, trash)
-            _test_pause("save:swap", step)  # a kill here leaves trash (restored by clean_stale)
+            fault("save:swap", step)  # a kill here leaves trash (restored by clean_stale)
             os.rename(tmp, final)
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.rename(tmp, final)
         fsync_dir(root)
-        _test_pause("save:latest", step)
+        fault("save:latest", step)
         write_text_atomic(root / LATEST, name + "\n")
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -374,8 +381,7 @@ def load_checkpoint(trainer: Any, path: str | Path, *, parts: Any = None) -> Pat
             trainer.policy.load(ckpt / "policy")
     if chosen & {"weights", "optimizers", "schedulers"}:
         # Rebuild optimizers on the (possibly re-created) parameters, then load their states.
-        trainer.optimizers = trainer.build_optimizers()
-        trainer.schedulers = trainer.build_schedulers()
+        trainer.optim = trainer.build_optimizers()
     state = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
     trainer.load_state_dict(state, parts=chosen)
     if outside is not None:

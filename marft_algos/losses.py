@@ -14,9 +14,13 @@ Contents
   turn (ReMA's turn-level ratio: all segments of one action share it)
 - :func:`value_loss`: symmetric Huber or MSE, optional PPO-style value clipping
 - :func:`approx_kl` (k1 / k3), :func:`kl_to_reference` (k3, >= 0), :func:`entropy_bonus`
+- :func:`regularize`: a policy loss plus its entropy bonus and KL penalty to the reference,
+  with their metrics (every algorithm's policy term ends with it)
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -34,6 +38,7 @@ __all__ = [
     "kl_to_reference",
     "entropy_bonus",
     "explained_variance",
+    "regularize",
 ]
 
 # exp() of a log-ratio above this overflows in fp16/bf16 and is meaningless anyway
@@ -422,6 +427,33 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor | None = None, coef:
         0.2
     """
     return coef * masked_mean(entropy, mask)
+
+
+def regularize(
+    loss: torch.Tensor,
+    stats: Any,
+    mask: torch.Tensor,
+    *,
+    ref_logp: torch.Tensor | None,
+    beta: float,
+    ent_coef: float,
+    metrics: dict[str, float],
+    prefix: str,
+) -> torch.Tensor:
+    """``loss - ent_coef * H + beta * KL(pi || pi_ref)`` on the tokens of ``mask``.
+
+    ``stats`` holds the policy's ``logprobs`` and ``entropy`` ``[B, T]``; ``ref_logp`` the
+    reference's log-probs (None: no penalty). Writes ``<prefix>/entropy`` (always) and
+    ``<prefix>/ref_kl`` (with a reference) into ``metrics``.
+    """
+    metrics[f"{prefix}/entropy"] = float(masked_mean(stats.entropy.detach(), mask))
+    if ent_coef > 0:
+        loss = loss - entropy_bonus(stats.entropy, mask, ent_coef)
+    if ref_logp is not None and beta > 0:
+        kl = kl_to_reference(stats.logprobs, ref_logp, mask)
+        loss = loss + beta * kl
+        metrics[f"{prefix}/ref_kl"] = float(kl.detach())
+    return loss
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> float:

@@ -4,7 +4,7 @@ The MARFT paper's remedy for a collapsed run is manual: stop, reload an earlier
 checkpoint, lower the learning rate, continue. :class:`CollapseRecovery` automates it.
 
 After every training step it reads the step's metrics and checks, against
-configurable thresholds (:class:`RecoverySettings`):
+configurable thresholds (:class:`RecoveryConfig`):
 
 - **non-finite**: the step skipped an optimizer step for a NaN/inf loss or gradient
   (``train/nonfinite_skips`` grew), a monitored metric is NaN/inf, or a trainable
@@ -45,10 +45,11 @@ from typing import Any
 
 import torch
 
+from marft_algos.callbacks import Callback
 from marft_algos.checkpoint import load_checkpoint, save_checkpoint
 from marft_algos.config import RecoveryConfig
 
-__all__ = ["RecoveryConfig", "RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
+__all__ = ["CollapseDetector", "CollapseError", "CollapseRecovery"]
 
 log = logging.getLogger("marft")
 
@@ -60,14 +61,10 @@ class CollapseError(RuntimeError):
     """A collapse after the allowed number of rollbacks."""
 
 
-#: the thresholds and actions of collapse recovery: the nested ``recovery`` part of the MARFT configs
-RecoverySettings = RecoveryConfig
-
-
 class CollapseDetector:
     """Stateful checks of one step's metrics; baselines only learn from healthy steps."""
 
-    def __init__(self, settings: RecoverySettings, agents: list[str]) -> None:
+    def __init__(self, settings: RecoveryConfig, agents: list[str]) -> None:
         self.s = settings
         self.agents = list(agents)
         self.entropy_baseline: dict[str, float] = {}
@@ -152,8 +149,11 @@ class CollapseDetector:
         return reasons
 
 
-class CollapseRecovery:
-    """Detect collapses after each step and roll the trainer back (see module docstring).
+class CollapseRecovery(Callback):
+    """Detect collapses after each step and roll the trainer back (see module docstring);
+    a loop callback (:mod:`marft_algos.callbacks`): it saves the starting point before the
+    first step's collect, checks each step before its metrics are logged, and forgets its
+    checkpoints when the run ends.
 
     Args:
         trainer: a :class:`marft_algos.trainer.Trainer` (uses ``save_checkpoint``-compatible
@@ -164,7 +164,7 @@ class CollapseRecovery:
             temporary dir removed by :meth:`close` when the run has no ``out_dir``).
     """
 
-    def __init__(self, trainer: Any, settings: RecoverySettings, root: str | Path | None = None) -> None:
+    def __init__(self, trainer: Any, settings: RecoveryConfig, root: str | Path | None = None) -> None:
         self.trainer = trainer
         self.s = settings
         self.detector = CollapseDetector(settings, trainer.agents)
@@ -185,13 +185,27 @@ class CollapseRecovery:
         self.pending: tuple[Path, dict[str, Any]] | None = None
         self.rollbacks: list[dict[str, Any]] = []
 
+    state_key = "recovery"
+
+    # ---- loop hooks ---------------------------------------------------------------------
+    def on_collect_start(self, trainer: Any) -> None:
+        """The starting weights are the first good checkpoint."""
+        if self.good is None:
+            self.start()
+
+    def on_step_end(self, trainer: Any, metrics: dict[str, float], batch: Any) -> None:
+        """Check the step (it may roll back and add ``recovery/*`` metrics)."""
+        self.after_step(metrics)
+
     # ---- state (part of the trainer's checkpoint: a resumed run does not re-arm) ---------
     def state_dict(self) -> dict[str, Any]:
         """The detector's state and the rollbacks so far (they count towards ``max_rollbacks``)."""
         return {"detector": self.detector.state_dict(), "rollbacks": [dict(e) for e in self.rollbacks]}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`; the recovery checkpoints themselves start afresh."""
+    def load_state_dict(self, state: Mapping[str, Any] | None, parts: frozenset[str] = frozenset({"progress"})) -> None:
+        """Restore :meth:`state_dict` with the ``progress`` part; the recovery checkpoints themselves start afresh."""
+        if state is None or "progress" not in parts:
+            return
         self.detector.load_state_dict(state["detector"])
         self.rollbacks = [dict(e) for e in state.get("rollbacks", [])]
 
@@ -288,7 +302,7 @@ class CollapseRecovery:
             with open(Path(out_dir) / "recovery.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(event) + "\n")
 
-    def close(self) -> None:
+    def close(self, trainer: Any = None) -> None:
         """Forget the checkpoints (a later step starts afresh) and remove a temporary root."""
         self.good = self.pending = None
         if self._tmp is not None:  # a later save re-creates it; the finalizer removes it again

@@ -19,13 +19,13 @@ import contextlib
 import errno
 import json
 import os
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from marft_algos.config import ConfigError, config_from_dict
+from marft_algos.optim import INTERNAL_KEY_PREFIX
 
 try:
     import fcntl
@@ -231,8 +231,8 @@ def resume_changes(saved: dict[str, Any], config: Any, *, saved_agents: list[str
 def _saved_lr(saved: dict[str, Any], key: str, agents: list[str]) -> float | None:
     if key in agents:
         return float((saved.get("lr_per_agent") or {}).get(key, saved.get("lr")))
-    if key == "critic" or key.startswith("value/"):
-        v = saved.get("critic_lr", saved.get("value_lr"))
+    if key.startswith(INTERNAL_KEY_PREFIX):  # the critic's, a value head's
+        v = saved.get("critic_lr")
         return None if v is None else float(v)
     return None
 
@@ -253,7 +253,7 @@ def apply_optimizer_settings(trainer: Any, saved: dict[str, Any]) -> None:
         old = _saved_lr(saved, key, agents)
         if key in agents:
             new: float | None = c.agent_lr(key)
-        elif key == "critic" or key.startswith("value/"):
+        elif key.startswith(INTERNAL_KEY_PREFIX):  # the critic's, a value head's
             new = getattr(c, "critic_lr", None)
         else:
             new = None
@@ -271,23 +271,3 @@ def apply_optimizer_settings(trainer: Any, saved: dict[str, Any]) -> None:
                 g["weight_decay"] = c.weight_decay
             if saved.get("adam_eps", c.adam_eps) != c.adam_eps:
                 g["eps"] = c.adam_eps
-
-
-# --------------------------------------------------------------------------------------
-# a pause point for the crash tests (never set outside them)
-# --------------------------------------------------------------------------------------
-
-_PAUSE_ENV = "MARFT_TEST_PAUSE_AT"
-
-
-def _test_pause(point: str, step: int) -> None:
-    """Stop here for good when ``$MARFT_TEST_PAUSE_AT == "<point>@<step>"`` (the crash tests
-    then kill the process with SIGKILL); writes the pid to ``$MARFT_TEST_PAUSE_AT_FILE`` first."""
-    spec = os.environ.get(_PAUSE_ENV)
-    if not spec or spec != f"{point}@{step}":
-        return
-    marker = os.environ.get(_PAUSE_ENV + "_FILE")
-    if marker:
-        Path(marker).write_text(f"{os.getpid()}\n")
-    while True:
-        time.sleep(1)

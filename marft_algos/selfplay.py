@@ -7,14 +7,14 @@ Three set-ups, from the simplest:
   for games, see :mod:`marft_algos.reward_source`), so the adapter learns from the
   winner's and the loser's side of every game. Nothing from this module is needed.
 * **Both seats, own adapters** (``mode="lora"``): two learners training against each other.
-* **A learner against an opponent pool** (:class:`SelfPlayMixin`, ``mode="lora"``): the
+* **A learner against an opponent pool** (:class:`SelfPlay`, ``mode="lora"``): the
   learner seat trains; the opponent seat's adapter is never trained and, before every
   batch, is loaded with a frozen snapshot of the learner drawn from an
   :class:`OpponentPool`; every ``snapshot_every`` steps the learner's adapter is added to
   the pool (the pool starts with the untrained learner). The pool is part of the trainer's
   checkpoint, so a resumed run draws the same opponents.
 
-A frozen seat is a seat the trainer leaves out of :meth:`~marft_algos.trainer.Trainer.update_agents`,
+A frozen seat is a seat the trainer leaves out of its update (``Trainer.skip_update``),
 the same idea as a ``frozen_agents`` setting: the two compose (a seat frozen either way is
 not trained). The opponent is drawn per batch (one opponent adapter slot); evaluation
 against scripted players is :mod:`marft_algos.evaluation.games`.
@@ -40,9 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from marft_algos.callbacks import Callback
 from marft_algos.config import ConfigError
 
-__all__ = ["OpponentPool", "SelfPlayMixin", "SelfPlaySettings", "selfplay_trainer"]
+__all__ = ["OpponentPool", "SelfPlay", "SelfPlaySettings", "selfplay_trainer"]
 
 _SAMPLERS = ("uniform", "latest")
 
@@ -128,85 +129,79 @@ class OpponentPool:
         self.snapshots = [(int(s), dict(sd)) for s, sd in state["snapshots"]]
 
 
-class SelfPlayMixin:
-    """Turns a trainer into learner-versus-pool self-play (put it before the trainer class).
+class SelfPlay(Callback):
+    """Learner-versus-pool self-play as a loop callback (see module docstring).
 
-    Keyword argument ``selfplay``: a :class:`SelfPlaySettings` (default: learner
-    ``player_0``, snapshot every step). Needs a policy whose two seats have different
-    adapters (``mode="lora"``). Adds the metrics ``selfplay/opponent_step`` (the step of
-    the snapshot playing the opponent in this batch) and ``selfplay/pool_size``.
+    :meth:`attach` checks the seats and starts the pool with the untrained learner; before
+    every collect an opponent drawn from the pool is loaded into the frozen seat (left out
+    of the update); every ``snapshot_every`` steps the learner joins the pool. Adds the
+    metrics ``selfplay/opponent_step`` and ``selfplay/pool_size``; the pool is checkpointed.
     """
 
-    pool: OpponentPool
-    selfplay: SelfPlaySettings
+    state_key = "selfplay"
 
-    def __init__(self, config: Any, *, selfplay: SelfPlaySettings | None = None, **kwargs: Any) -> None:
-        self.selfplay = selfplay or SelfPlaySettings()
-        super().__init__(config, **kwargs)  # type: ignore[call-arg]
-        sp, agents = self.selfplay, self.agents  # type: ignore[attr-defined]
+    def __init__(self, settings: SelfPlaySettings | None = None) -> None:
+        self.settings = settings or SelfPlaySettings()
+        self.pool = OpponentPool(self.settings.pool_size, self.settings.sample, self.settings.seed)
+        self.opponent_step: int | None = None
+
+    def attach(self, trainer: Any) -> None:
+        """Check that both seats exist on different adapters; the untrained learner joins the pool."""
+        sp, agents, policy = self.settings, trainer.agents, trainer.policy
         for seat in (sp.learner, sp.opponent):
             if seat not in agents:
                 raise ConfigError(f"self-play seat {seat!r} is not an agent of the env {agents}")
-        policy = self.policy  # type: ignore[attr-defined]
         adapter_of = getattr(policy, "adapter_of", None)
         if getattr(policy, "mode", "lora") != "lora" or (adapter_of and adapter_of(sp.learner) == adapter_of(sp.opponent)):
             raise ConfigError(
                 "an opponent pool needs the seats on different adapters: use mode='lora' "
                 "(mode='shared' is plain self-play: both seats train one adapter, no pool needed)"
             )
-        self.pool = OpponentPool(sp.pool_size, sp.sample, sp.seed)
+        trainer.skip_update.add(sp.opponent)  # a frozen seat: never trained
         self.pool.add(0, policy.adapter_state_dict(sp.learner))
-        self.opponent_step: int | None = None
 
-    def collect(self) -> Any:
-        """Load an opponent drawn from the pool into the frozen seat, then collect."""
+    def on_collect_start(self, trainer: Any) -> None:
+        """Load an opponent drawn from the pool into the frozen seat."""
         step, state = self.pool.draw()
-        self.policy.load_adapter_state_dict(self.selfplay.opponent, state)  # type: ignore[attr-defined]
+        trainer.policy.load_adapter_state_dict(self.settings.opponent, state)
         self.opponent_step = step
-        batch = super().collect()  # type: ignore[misc]
-        batch.metrics["selfplay/opponent_step"] = float(step)
+
+    def on_batch(self, trainer: Any, batch: Any) -> None:
+        """The opponent's step and the pool's size, as metrics."""
+        batch.metrics["selfplay/opponent_step"] = float(self.opponent_step or 0)
         batch.metrics["selfplay/pool_size"] = float(len(self.pool))
-        return batch
 
-    def update_agents(self, batch: Any) -> list[str]:
-        """Every agent the trainer would update except the frozen opponent seat."""
-        return [a for a in super().update_agents(batch) if a != self.selfplay.opponent]  # type: ignore[misc]
-
-    def train_step(self, num_groups: int | None = None) -> dict[str, float]:
-        """One step; then, every ``snapshot_every`` steps, the learner joins the pool."""
-        out = super().train_step(num_groups)  # type: ignore[misc]
-        step = int(self.global_step)  # type: ignore[attr-defined]
-        if step % self.selfplay.snapshot_every == 0:
-            self.pool.add(step, self.policy.adapter_state_dict(self.selfplay.learner))  # type: ignore[attr-defined]
-        return out
+    def on_step_end(self, trainer: Any, metrics: dict[str, float], batch: Any) -> None:
+        """Every ``snapshot_every`` steps the learner joins the pool."""
+        if trainer.global_step % self.settings.snapshot_every == 0:
+            self.pool.add(trainer.global_step, trainer.policy.adapter_state_dict(self.settings.learner))
 
     def state_dict(self) -> dict[str, Any]:
-        """The trainer's state plus the pool and the current opponent."""
-        state = super().state_dict()  # type: ignore[misc]
-        state["selfplay"] = {
-            "settings": dataclasses.asdict(self.selfplay),
-            "pool": self.pool.state_dict(),
-            "opponent_step": self.opponent_step,
-        }
-        return state
+        """The pool and the current opponent."""
+        return {"settings": dataclasses.asdict(self.settings), "pool": self.pool.state_dict(), "opponent_step": self.opponent_step}
 
-    def load_state_dict(self, state: dict[str, Any], *args: Any, **kwargs: Any) -> None:
-        """Restore :meth:`state_dict` (the pool too: a resumed run draws the same opponents)."""
-        sp = state.get("selfplay")
-        if sp is None:
+    def load_state_dict(self, state: dict[str, Any] | None, parts: frozenset[str] = frozenset({"progress"})) -> None:
+        """Restore :meth:`state_dict` (a resumed run draws the same opponents)."""
+        if state is None:
             raise ValueError("this checkpoint has no opponent pool (it was not written by a self-play trainer)")
-        super().load_state_dict(state, *args, **kwargs)  # type: ignore[misc]
-        self.pool.load_state_dict(sp["pool"])
-        self.opponent_step = sp["opponent_step"]
+        self.pool.load_state_dict(state["pool"])
+        self.opponent_step = state["opponent_step"]
 
 
 @functools.cache
 def selfplay_trainer(trainer_cls: type) -> type:
-    """``trainer_cls`` with :class:`SelfPlayMixin` mixed in (one class per trainer class).
+    """``trainer_cls`` whose constructor takes ``selfplay=`` (:class:`SelfPlaySettings`) and
+    runs the :class:`SelfPlay` callback (one class per trainer class); ``t.selfplay`` is the callback.
 
     Example:
         >>> from marft_algos.algos.grpo import GRPOTrainer
         >>> selfplay_trainer(GRPOTrainer).__name__
         'SelfPlayGRPOTrainer'
     """
-    return type(f"SelfPlay{trainer_cls.__name__}", (SelfPlayMixin, trainer_cls), {"__doc__": SelfPlayMixin.__doc__})
+
+    def __init__(self: Any, config: Any, *, selfplay: SelfPlaySettings | None = None, callbacks: Any = (), **kwargs: Any) -> None:
+        self.selfplay = SelfPlay(selfplay)
+        trainer_cls.__init__(self, config, callbacks=[self.selfplay, *callbacks], **kwargs)
+        self.selfplay.attach(self)
+
+    return type(f"SelfPlay{trainer_cls.__name__}", (trainer_cls,), {"__init__": __init__, "__doc__": SelfPlay.__doc__})

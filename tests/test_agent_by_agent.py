@@ -22,11 +22,11 @@ def moved(before, t, agent) -> bool:
 
 def test_schedule_cycles_with_interval_and_warmup():
     t = MARFTActionTrainer(MARFTActionConfig(**echo_kwargs(agent_by_agent=True, agent_interval=2, critic_warmup_steps=1)), policy=letter_policy())
-    sched = [t.scheduled_agents(k) for k in range(7)]
+    sched = [t.algorithm.scheduled_agents(k) for k in range(7)]
     # step 0 is critic warm-up; then (k - 1) // 2 % 2: speaker, speaker, listener, listener, speaker, speaker
     assert sched == [[], ["speaker"], ["speaker"], ["listener"], ["listener"], ["speaker"], ["speaker"]]
     t.config.agent_by_agent = False
-    assert t.scheduled_agents(3) == ["speaker", "listener"]
+    assert t.algorithm.scheduled_agents(3) == ["speaker", "listener"]
 
 
 @pytest.mark.parametrize("algo", ["action", "token"])
@@ -37,11 +37,11 @@ def test_only_the_scheduled_adapter_moves(algo):
     for step, agent in enumerate(["speaker", "listener", "speaker"]):
         other = "listener" if agent == "speaker" else "speaker"
         w_agent, w_other = weights(t, agent), weights(t, other)
-        critic = [p.detach().clone() for p in t.critic.parameters()]
+        critic = [p.detach().clone() for p in t.algorithm.critic.parameters()]
         m = t.train_step()
         assert moved(w_agent, t, agent), f"step {step}: scheduled {agent} did not move"
         assert not moved(w_other, t, other), f"step {step}: {other} moved although not scheduled"
-        assert any(not torch.equal(b, p) for b, p in zip(critic, t.critic.parameters(), strict=True)), "critic must always train"
+        assert any(not torch.equal(b, p) for b, p in zip(critic, t.algorithm.critic.parameters(), strict=True)), "critic must always train"
         assert m[f"agent/{agent}/policy_updated"] == 1.0 and m[f"agent/{other}/policy_updated"] == 0.0
         # the critic trained on BOTH agents' data
         assert f"agent/{other}/value_loss" in m
@@ -64,5 +64,5 @@ def test_routed_team_schedules_among_the_agents_that_acted():
         assert len(present) < len(agents), "the test needs a batch that misses some agent"
         updated = [a for a in agents if m[f"agent/{a}/policy_updated"] == 1.0]
         assert updated == [present[step % len(present)]], (step, present, updated)
-    assert t.scheduled_agents(2, present=["algebra", "orchestrator"]) == ["orchestrator"]  # team order
-    assert t.scheduled_agents(2) == ["number_theory"]  # without a batch: all agents
+    assert t.algorithm.scheduled_agents(2, present=["algebra", "orchestrator"]) == ["orchestrator"]  # team order
+    assert t.algorithm.scheduled_agents(2) == ["number_theory"]  # without a batch: all agents

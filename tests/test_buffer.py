@@ -9,9 +9,18 @@ import torch
 from marft_algos.buffer import AgentBuffer, Minibatch, action_field, token_field
 from marft_algos.estimates import TOKEN_ESTIMATES, BatchEstimates
 from marft_algos.rollout import Transition, iter_minibatches
-from marft_algos.trainer import pad_sequences
 
 H = 3
+
+
+def pad_sequences(seqs, length, value=0.0):
+    """Right-pad float sequences to ``length`` (extra elements are cut) -> [B, length]."""
+    out = torch.full((len(seqs), length), value, dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        n = min(len(s), length)
+        if n:
+            out[i, :n] = torch.as_tensor(list(s[:n]), dtype=torch.float32)
+    return out
 
 
 def ragged_transitions(n: int = 7, seed: int = 0, *, token_level: bool = True) -> tuple[list[Transition], BatchEstimates]:

@@ -80,11 +80,11 @@ def test_resume_gives_identical_metrics(tmp_path, algo):
             torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
     if algo == "marft-action":
         # the collapse detector resumed armed, with the same baselines (no second warm-up)
-        assert full.recovery.detector.healthy_steps == 4
-        assert resumed.recovery.detector.state_dict() == full.recovery.detector.state_dict()
-        assert resumed.critic.state_dict()["heads"].keys() == full.critic.state_dict()["heads"].keys()
-        for k, v in full.critic.state_dict()["heads"].items():
-            torch.testing.assert_close(v, resumed.critic.state_dict()["heads"][k], atol=1e-6, rtol=0)
+        assert full.algorithm.recovery.detector.healthy_steps == 4
+        assert resumed.algorithm.recovery.detector.state_dict() == full.algorithm.recovery.detector.state_dict()
+        assert resumed.algorithm.critic.state_dict()["heads"].keys() == full.algorithm.critic.state_dict()["heads"].keys()
+        for k, v in full.algorithm.critic.state_dict()["heads"].items():
+            torch.testing.assert_close(v, resumed.algorithm.critic.state_dict()["heads"][k], atol=1e-6, rtol=0)
     # the resumed run's metrics file has every step once
     steps = [json.loads(x)["step"] for x in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
@@ -148,7 +148,7 @@ def test_load_in_parts_restores_only_what_is_asked(tmp_path):
     src = IPPOTrainer(ippo_cfg(tmp_path / "src", steps=2), policy=letter_policy())
     src.train()
     saved = src.state_dict()
-    heads = {a: [p.detach().clone() for p in src.value_parameters(a)] for a in src.agents}
+    heads = {a: [p.detach().clone() for p in src.algorithm.value_parameters(a)] for a in src.agents}
     weights = [p.detach().clone() for a in src.agents for p in src.policy.trainable_parameters(a)]
 
     dst = IPPOTrainer(ippo_cfg(tmp_path / "dst", steps=2, seed=4), policy=letter_policy(seed=1))
@@ -158,7 +158,7 @@ def test_load_in_parts_restores_only_what_is_asked(tmp_path):
     # the weights (policy and value heads) came over ...
     now = [p.detach() for a in dst.agents for p in dst.policy.trainable_parameters(a)]
     assert all(torch.equal(a, b) for a, b in zip(weights, now, strict=True))
-    assert all(torch.equal(x, y) for a in dst.agents for x, y in zip(heads[a], dst.value_parameters(a), strict=True))
+    assert all(torch.equal(x, y) for a in dst.agents for x, y in zip(heads[a], dst.algorithm.value_parameters(a), strict=True))
     # ... and nothing else: fresh optimizers, own step count, problem stream and RNG streams
     assert dst.global_step == 0 and not dst.optimizers["speaker"].state
     assert dst.collector.state_dict() == collector_before

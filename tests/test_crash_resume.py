@@ -1,7 +1,7 @@
 """kill -9 during a checkpoint save and during a step, then --resume; damaged checkpoint files.
 
 The killed run is a real `python -m marft_algos.cli train` subprocess; it stops at a
-pause point (``MARFT_TEST_PAUSE_AT=<point>@<step>``, see marft_algos.rundir._test_pause)
+pause point (``MARFT_TEST_PAUSE_AT=<point>@<step>``, see marft_algos.callbacks.pause_at)
 and is killed with SIGKILL there, so the crash lands at the same place every time.
 """
 

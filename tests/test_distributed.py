@@ -116,7 +116,7 @@ def test_two_ranks_half_batch_equal_one_rank_full_batch(algo, tmp_path):
             ep.team_return = 1.0
             ep.transitions[-1].reward = ep.transitions[-1].team_reward = 1.0
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(batch))
-    t.compute_advantages(batch)
+    t.estimate(batch)
     t.update(batch)
     ref = worker.trainer_state(t)
     assert all(moved(before[a], ref["adapters"][a]) for a in t.agents)  # the step did something
@@ -204,7 +204,7 @@ def test_fsdp_two_ranks_half_batch_equal_one_rank_full_batch(algo, mode, tmp_pat
     before = {a: t.policy.adapter_state_dict(a) for a in t.agents}
     batch = letter_batch(t)
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(batch))
-    t.compute_advantages(batch)
+    t.estimate(batch)
     t.update(batch)
     ref = worker.trainer_state(t)
     assert all(moved(before[a], ref["adapters"][a]) for a in t.agents)

@@ -57,8 +57,8 @@ def full_trainer_state(t: Any) -> dict[str, Any]:
 def trainer_state(t: Any) -> dict[str, Any]:
     """Policy adapters, critic / value heads and optimizer states, as CPU tensors."""
     out: dict[str, Any] = {"adapters": {a: t.policy.adapter_state_dict(a) for a in t.agents}}
-    if hasattr(t, "critic"):
-        out["critic"] = t.critic.state_dict()
+    if hasattr(t.algorithm, "critic"):
+        out["critic"] = t.algorithm.critic.state_dict()
     out["optimizers"] = {k: o.state_dict() for k, o in t.optimizers.items()}
     out["global_step"] = t.global_step
     out["collector"] = t.collector.state_dict()
@@ -81,7 +81,7 @@ def main() -> None:
         algo = scenario.split("-", 1)[1]
         t = make_trainer(algo)
         batch = local_slice(pickle.loads((out / "batch.pkl").read_bytes()), rank, world)
-        t.compute_advantages(batch)
+        t.estimate(batch)
         t.update(batch)
         torch.save(trainer_state(t), out / f"rank{rank}.pt")
     elif scenario == "steps":  # several full steps, agent by agent
@@ -110,7 +110,7 @@ def main() -> None:
         _, _, algo, mode = scenario.split("-")
         t = make_trainer(algo, mode=mode, distributed=FSDP, adam_eps=FSDP_ADAM_EPS)
         batch = local_slice(pickle.loads((out / "batch.pkl").read_bytes()), rank, world)
-        t.compute_advantages(batch)
+        t.estimate(batch)
         t.update(batch)
         state = full_trainer_state(t)
         if rank == 0:

@@ -221,7 +221,7 @@ def _logged_keys_of_one_step() -> set[str]:
                 **extras.get(algo, {})}
         trainer = spec.trainer_cls(spec.config_cls(**{k: v for k, v in data.items() if k in names}))
         keys |= {_doc_key(k, set(trainer.agents)) for k in trainer.train_step()}
-        rec = getattr(trainer, "recovery", None)
+        rec = getattr(trainer.algorithm, "recovery", None)
         if rec is not None:
             rec.close()
     return keys

@@ -333,7 +333,7 @@ def test_the_vllm_engine_refuses_what_it_cannot_serve(policy):
 
 def test_config_selects_and_validates_the_engine():
     from marft_algos.config import ConfigError, TrainConfig
-    from marft_algos.trainer import make_policy
+    from marft_algos.policy_factory import make_policy
 
     TrainConfig(engine="vllm", engine_options={"gpu_memory_utilization": 0.4})
     with pytest.raises(ConfigError, match="Did you mean 'vllm'"):

@@ -44,7 +44,7 @@ def test_estimators_and_update_leave_extras_to_the_collector(algo):
     assert trainable
     collected = [copy.deepcopy(x.extras) for x in batch.transitions]
     assert all(set(e) == {"prompt"} for e in collected)  # what the collector writes
-    t.compute_advantages(batch)
+    t.estimate(batch)
     t.update(batch)
     assert [x.extras for x in batch.transitions] == collected  # no estimator, no update wrote there
     for x in trainable:

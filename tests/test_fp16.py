@@ -40,11 +40,11 @@ def moved(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
 
 
 def test_scaler_only_for_fp16():
-    assert grpo(None).scaler is None and grpo("bf16").scaler is None
+    assert grpo(None).optim.scaler is None and grpo("bf16").optim.scaler is None
     t = grpo("fp16", init_loss_scale=1024.0)
-    assert isinstance(t.scaler, torch.amp.GradScaler) and t.scaler.get_scale() == 1024.0
+    assert isinstance(t.optim.scaler, torch.amp.GradScaler) and t.optim.scaler.get_scale() == 1024.0
     # the sampler decodes under autocast too, so its log-probs are not the training forward's
-    assert not t.sampler_logprobs_exact()
+    assert not t.behaviour.sampler_exact()
 
 
 def test_policy_forward_runs_in_fp16_with_fp32_master_weights():
@@ -77,7 +77,7 @@ def test_overflow_skips_the_step_halves_the_scale_and_is_not_a_divergence():
     assert m.get("train/nonfinite_skips", 0.0) == 0.0
     assert m.get("recovery/rollbacks", 0.0) == 0.0  # the scaler's normal working, not a collapse
     # the scale comes down, and training resumes once it is representable
-    t.scaler.update(new_scale=2.0**10)
+    t.optim.scaler.update(new_scale=2.0**10)
     before = adapter_weights(t)
     t.train_step()
     assert moved(before, adapter_weights(t))
@@ -86,8 +86,8 @@ def test_overflow_skips_the_step_halves_the_scale_and_is_not_a_divergence():
 def test_loss_scale_survives_a_checkpoint(tmp_path):
     t = marft(init_loss_scale=2.0**12, out_dir=str(tmp_path / "run"))
     t.train_step()
-    t.scaler.update(new_scale=123.0)
+    t.optim.scaler.update(new_scale=123.0)
     path = t.save_checkpoint()
     fresh = marft(init_loss_scale=2.0**12, out_dir=str(tmp_path / "run2"))
     fresh.load_checkpoint(path)
-    assert fresh.scaler.get_scale() == 123.0
+    assert fresh.optim.scaler.get_scale() == 123.0

@@ -43,7 +43,7 @@ def test_a_frozen_agent_stays_bit_identical_while_the_other_learns(algo):
 def test_a_frozen_agent_survives_agent_by_agent_schedules():
     spec, cfg = _config("marft-action", frozen_agents=["speaker"], agent_by_agent=True)
     t = spec.trainer_cls(cfg, policy=letter_policy())
-    assert t.scheduled_agents(0) == t.scheduled_agents(1) == ["listener"]
+    assert t.algorithm.scheduled_agents(0) == t.algorithm.scheduled_agents(1) == ["listener"]
 
 
 def test_freezing_rules_and_the_lr_zero_hint():

@@ -33,7 +33,7 @@ from helpers.marft_echo import (  # noqa: E402
 
 from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
 from marft_algos.models import TeamPolicy, TokenStats  # noqa: E402
-from marft_algos.trainer import CRITIC_KEY  # noqa: E402
+from marft_algos.optim import CRITIC_KEY  # noqa: E402
 
 
 def tiny_config(**kw) -> MARFTActionConfig:
@@ -76,7 +76,7 @@ def test_registered_by_name_for_cli_and_python():
 
     spec = get_algorithm("marft-action")
     assert spec.trainer_cls is MARFTActionTrainer and spec.config_cls is MARFTActionConfig
-    assert {s.name for s in __import__("marft_algos.trainer").trainer.list_algorithms()} >= {"grpo", "ippo", "marft-action", "marft-token"}
+    assert {s.name for s in __import__("marft_algos.registry").registry.list_algorithms()} >= {"grpo", "ippo", "marft-action", "marft-token"}
 
 
 @pytest.mark.parametrize("algo", ["marft-action", "marft-token"])
@@ -121,7 +121,7 @@ def test_chain_gae_through_trainer_matches_reference_recursion(trainer):
     ep0 = [(0, "speaker", 0.0, 0.2), (0, "listener", 0.0, 0.5), (1, "speaker", 0.0, 0.4), (1, "listener", 1.0, 0.7)]
     ep1 = [(0, "speaker", 0.0, 0.3), (0, "listener", 1.0, 0.6)]
     batch = chain_batch([ep0, ep1])
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     g, lam = 0.99, 0.95
     # the reference implementation's loop, for episode 0:
     r = np.array([[0.0, 0.0], [0.0, 1.0]])
@@ -140,7 +140,7 @@ def test_overlong_action_is_passed_through_in_the_chain(trainer):
     # the second one, not from a value of 0
     batch = chain_batch([[(0, "speaker", 0.0, 0.2), (0, "listener", 0.0, 0.0), (1, "speaker", 1.0, 0.6)]])
     batch.transitions[1].trainable = False
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     g, lam = 0.99, 0.95
     A2 = 1.0 - 0.6
     A1 = g * lam * A2
@@ -155,7 +155,7 @@ def test_separate_turn_discount_in_the_trainer(trainer):
     c.gamma_agent, c.lam_agent, c.gamma_turn, c.lam_turn = 1.0, 1.0, 0.5, 1.0
     try:
         batch = chain_batch([[(0, "speaker", 0.0, 0.0), (0, "listener", 1.0, 0.0), (1, "speaker", 0.0, 0.0), (1, "listener", 4.0, 0.0)]])
-        trainer.compute_advantages(batch)
+        trainer.estimate(batch)
     finally:
         c.gamma_agent, c.lam_agent, c.gamma_turn, c.lam_turn = old
     # reward-to-go with a 0.5 discount only across the turn boundary: [3, 3, 4, 4]
@@ -190,7 +190,7 @@ def test_whole_action_ratio_normalisation(trainer, norm, expected):
     stats = TokenStats(logp, torch.zeros_like(logp), mask)
     trainer.config.logprob_norm, trainer.config.eps_high = norm, 10.0  # no clipping: read the raw ratio
     try:
-        _, m = trainer.policy_loss("speaker", mb, stats)
+        _, m = trainer.algorithm.policy_loss("speaker", mb, stats)
     finally:
         trainer.config.logprob_norm, trainer.config.eps_high = "token", 0.2
     assert m["agent/speaker/ratio_max"] == pytest.approx(max(expected), rel=1e-6)
@@ -205,10 +205,10 @@ def test_whole_action_ratio_normalisation(trainer, norm, expected):
 def test_critic_warmup_trains_only_the_critic():
     t = MARFTActionTrainer(tiny_config(critic_warmup_steps=1), policy=letter_policy())
     pol = snapshot(p for a in t.agents for p in t.policy.trainable_parameters(a))
-    crit = snapshot(t.critic.parameters())
+    crit = snapshot(t.algorithm.critic.parameters())
     m = t.train_step()
     assert not changed(pol, [p for a in t.agents for p in t.policy.trainable_parameters(a)])
-    assert changed(crit, t.critic.parameters())
+    assert changed(crit, t.algorithm.critic.parameters())
     assert m["agent/speaker/policy_updated"] == 0.0 and "agent/speaker/value_loss" in m
     m = t.train_step()  # warm-up over: the policy trains
     assert m["agent/speaker/policy_updated"] == 1.0
@@ -217,10 +217,10 @@ def test_critic_warmup_trains_only_the_critic():
 
 def test_shared_critic_by_default_per_agent_option():
     t = MARFTActionTrainer(tiny_config(), policy=letter_policy())
-    heads = {a: {id(p) for p in t.critic.vm.trainable_parameters(a)} for a in t.agents}
+    heads = {a: {id(p) for p in t.algorithm.critic.vm.trainable_parameters(a)} for a in t.agents}
     assert heads["speaker"] == heads["listener"]
     t2 = MARFTActionTrainer(tiny_config(critic_per_agent=True), policy=letter_policy())
-    heads = {a: {id(p) for p in t2.critic.vm.trainable_parameters(a)} for a in t2.agents}
+    heads = {a: {id(p) for p in t2.algorithm.critic.vm.trainable_parameters(a)} for a in t2.agents}
     assert not (heads["speaker"] & heads["listener"])
 
 
@@ -232,11 +232,11 @@ def test_heterogeneous_team_with_the_default_shared_critic(algo):
     cls, cfg = (MARFTActionTrainer, tiny_config) if algo == "action" else (MARFTTokenTrainer, lambda **kw: MARFTTokenConfig(**echo_kwargs(**kw)))
     pol = TeamPolicy(list(AGENTS), base={"speaker": letter_model(), "listener": letter_model(seed=1, hidden=32, heads=2, kv_heads=1)})
     t = cls(cfg(), policy=pol)
-    heads = t.critic.vm.heads
+    heads = t.algorithm.critic.vm.heads
     assert len(heads) == 2 and sorted(h.net[0].in_features for h in heads.values()) == [32, 64]
-    crit = snapshot(t.critic.parameters())
+    crit = snapshot(t.algorithm.critic.parameters())
     m = t.train_step()
-    assert changed(crit, t.critic.parameters())
+    assert changed(crit, t.algorithm.critic.parameters())
     assert all(math.isfinite(m[f"agent/{a}/value_loss"]) for a in AGENTS)
 
 
@@ -256,10 +256,10 @@ def test_old_logprobs_are_the_sampled_ones():
     """fp32: the sampler's log-probs are the behaviour policy's (no extra forward); they
     match the training forward, so an unmoved policy has ratio 1 and KL ~ 0."""
     t = MARFTActionTrainer(tiny_config(), policy=letter_policy())
-    assert t.sampler_logprobs_exact()
+    assert t.behaviour.sampler_exact()
     batch = t.collect()
-    t.compute_advantages(batch)
-    t.prepare_update(batch)
+    t.estimate(batch)
+    t.behaviour.fill(batch, t.agents, reference=t.needs_reference())
     trs = [x for x in batch.transitions if x.trainable]
     assert trs and all(batch.estimates[x].old_logp == x.old_logprobs for x in trs)
     m = t.update(batch)
@@ -274,7 +274,7 @@ def test_kl_cut_fires_at_default_epochs_when_the_policy_moved_since_the_rollout(
     t = MARFTActionTrainer(tiny_config(kl_threshold=1e-3), policy=letter_policy())
     assert t.config.ppo_epochs == 1 and t.config.num_minibatches == 1
     batch = t.collect()
-    t.compute_advantages(batch)
+    t.estimate(batch)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in t.policy.trainable_parameters("speaker"):
@@ -293,7 +293,7 @@ def test_shared_parameters_second_agent_sees_the_first_agents_step(mode, source)
     # bf16/fp16 autocast they are recomputed, still before any optimizer step
     t = MARFTActionTrainer(tiny_config(mode=mode, kl_threshold=1e-6, lr=0.05, logprob_norm="sum"), policy=letter_policy(mode=mode))
     if source == "recomputed":
-        t.sampler_logprobs_exact = lambda: False
+        t.behaviour.sampler_exact = lambda: False
     passes = []
     real = t.policy.sequence_logprobs
 
@@ -328,12 +328,12 @@ def test_kl_penalty_to_the_frozen_reference_in_full_mode():
 
 def test_critic_lora_trains_its_own_adapter_and_not_the_policy_base():
     t = MARFTActionTrainer(tiny_config(critic_lora=True, critic_warmup_steps=1), policy=letter_policy())
-    assert not t.critic.can_cache  # the base under the critic changes: no hidden-state cache
-    lora = snapshot(t.critic.vm._critic_params)
+    assert not t.algorithm.critic.can_cache  # the base under the critic changes: no hidden-state cache
+    lora = snapshot(t.algorithm.critic.vm._critic_params)
     frozen = [p for n, p in t.policy.base_model("speaker").named_parameters() if "lora_" not in n]
     base = snapshot(frozen)
     t.train_step()
-    assert changed(lora, t.critic.vm._critic_params)
+    assert changed(lora, t.algorithm.critic.vm._critic_params)
     assert not changed(base, frozen)
 
 
@@ -360,11 +360,11 @@ def test_checkpoint_round_trip_restores_the_critic(tmp_path):
     t = MARFTActionTrainer(tiny_config(out_dir=str(tmp_path / "run")), policy=letter_policy())
     t.train_step()
     path = t.save_checkpoint()
-    saved = snapshot(t.critic.parameters())
+    saved = snapshot(t.algorithm.critic.parameters())
     t.train_step()
-    assert changed(saved, t.critic.parameters())
+    assert changed(saved, t.algorithm.critic.parameters())
     t.load_checkpoint(path)
-    assert not changed(saved, t.critic.parameters())
+    assert not changed(saved, t.algorithm.critic.parameters())
     assert t.global_step == 1
 
 

@@ -56,7 +56,7 @@ def test_token_backup_through_trainer_two_agents_three_tokens_by_hand(trainer):
     # gamma_token = lam_token = 1, gamma_agent = 0.9, lam_agent = 0.5, terminal at the end:
     # listener: A = 1 - V_j = [.6 .5 .4];  speaker: last token .06 + .45*.6 = .33, then .43, .53
     batch = token_batch([(0, "speaker", 0.0, [0.1, 0.2, 0.3]), (0, "listener", 1.0, [0.4, 0.5, 0.6])])
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     sp, li = (batch.estimates[t] for t in batch.transitions)
     np.testing.assert_allclose(sp.token_advantages, [0.53, 0.43, 0.33], atol=1e-12)
     np.testing.assert_allclose(li.token_advantages, [0.6, 0.5, 0.4], atol=1e-12)
@@ -71,7 +71,7 @@ def test_reference_per_token_discount_is_reproducible(trainer):
     c.gamma_token, c.lam_token = 0.99, 0.95
     try:
         batch = token_batch([(0, "listener", 1.0, [0.0] * 5)])
-        trainer.compute_advantages(batch)
+        trainer.estimate(batch)
     finally:
         c.gamma_token, c.lam_token = 1.0, 1.0
     adv = batch.estimates[batch.transitions[0]].token_advantages
@@ -87,7 +87,7 @@ def test_empty_action_keeps_the_chain_connected(trainer):
     sp.trainable = False
     batch.estimates.clear()  # no token values yet: the trainer computes them
     sp.response_ids = []
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     est = batch.estimates[sp]
     assert len(est.token_advantages) == 1 and est.token_values == [0.0]
     assert np.isfinite(est.token_advantages[0])
@@ -98,7 +98,7 @@ def test_overlong_action_is_passed_through_by_hand(trainer):
     # the next turn (reward 1, terminal); fixture: gamma_agent 0.9, lam_agent 0.5
     batch = token_batch([(0, "speaker", 0.0, [0.1, 0.2]), (0, "listener", 0.0, [0.0]), (1, "speaker", 1.0, [0.5])])
     batch.transitions[1].trainable = False
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     A_last = 1.0 - 0.5
     A_skip = 0.99 * 0.95 * A_last
     A_sp1 = 0.9 * (0.99 * 0.5) - 0.2 + 0.45 * A_skip  # bootstraps from the next speaker's first token
@@ -114,7 +114,7 @@ def test_per_token_ratio_and_advantages_in_the_loss(trainer):
     mb = AgentBuffer.from_transitions("speaker", trs, est).minibatch([0])
     logp = torch.tensor([[np.log(1.1), np.log(0.95)]], dtype=torch.float32, requires_grad=True)
     stats = TokenStats(logp, torch.zeros_like(logp), torch.ones_like(logp))
-    loss, m = trainer.policy_loss("speaker", mb, stats)
+    loss, m = trainer.algorithm.policy_loss("speaker", mb, stats)
     assert float(loss.detach()) == pytest.approx(-(1.1 - 0.95) / 2, rel=1e-5)
     assert m["agent/speaker/ratio_mean"] == pytest.approx((1.1 + 0.95) / 2, rel=1e-5)
     loss.backward()
@@ -124,9 +124,9 @@ def test_per_token_ratio_and_advantages_in_the_loss(trainer):
 
 def test_critic_trains_on_token_returns():
     t = MARFTTokenTrainer(tiny_config(), policy=letter_policy())
-    before = [p.detach().clone() for p in t.critic.parameters()]
+    before = [p.detach().clone() for p in t.algorithm.critic.parameters()]
     m = t.train_step()
-    assert any(not torch.equal(b, p) for b, p in zip(before, t.critic.parameters(), strict=True))
+    assert any(not torch.equal(b, p) for b, p in zip(before, t.algorithm.critic.parameters(), strict=True))
     for a in t.agents:
         assert np.isfinite(m[f"agent/{a}/value_loss"])
 

@@ -69,13 +69,13 @@ def test_micro_batches_give_the_whole_minibatch_step(setup):
     m_whole = [whole.train_step() for _ in range(2)]
     pieces = cls(dataclasses.replace(config, micro_batch_tokens=1), policy=policy_fn())
     forwards = {"n": 0}
-    inner = pieces.minibatch_loss
+    inner = pieces.policy_term
 
     def counted(agent, mb):
         forwards["n"] += 1
         return inner(agent, mb)
 
-    pieces.minibatch_loss = counted
+    pieces.policy_term = counted
     before = trained(pieces)
     m_pieces = [pieces.train_step() for _ in range(2)]
     assert [m["team/reward"] for m in m_whole] == [m["team/reward"] for m in m_pieces]  # the same rollouts

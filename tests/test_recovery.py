@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from marft_algos.recovery import CollapseDetector, CollapseError, RecoverySettings
+from marft_algos.config import RecoveryConfig
+from marft_algos.recovery import CollapseDetector, CollapseError
 
 AGENTS = ["speaker", "listener"]
 
@@ -23,7 +24,7 @@ def healthy(step: int, reward: float = 0.5, entropy: float = 1.0) -> dict[str, f
 
 
 def test_detector_nonfinite_entropy_kl_and_reward():
-    d = CollapseDetector(RecoverySettings(warmup=2), AGENTS)
+    d = CollapseDetector(RecoveryConfig(warmup=2), AGENTS)
     for k in range(3):
         assert d.check(healthy(k)) == []
     assert d.check({**healthy(3), "train/nonfinite_skips": 1.0}) == ["nonfinite"]
@@ -37,23 +38,23 @@ def test_detector_nonfinite_entropy_kl_and_reward():
 
 
 def test_detector_baselines_learn_only_from_healthy_steps_and_warmup():
-    d = CollapseDetector(RecoverySettings(warmup=2, entropy_factor=3.0, entropy_min_delta=1.0), AGENTS)
+    d = CollapseDetector(RecoveryConfig(warmup=2, entropy_factor=3.0, entropy_min_delta=1.0), AGENTS)
     assert d.check({**healthy(0), "agent/speaker/entropy": 9.0}) == []  # not armed yet
     assert d.check(healthy(1)) == []
     base = d.entropy_baseline["speaker"]
     assert d.check({**healthy(2), "agent/speaker/entropy": 50.0}) == ["entropy_surge/speaker"]
     assert d.entropy_baseline["speaker"] == base  # the surge did not move the baseline
     # a small relative surge on a tiny baseline is not a collapse (min delta)
-    d2 = CollapseDetector(RecoverySettings(warmup=0), AGENTS)
+    d2 = CollapseDetector(RecoveryConfig(warmup=0), AGENTS)
     d2.check(healthy(0, entropy=0.01))
     assert d2.check(healthy(1, entropy=0.05)) == []
 
 
 def test_settings_validation():
     with pytest.raises(ValueError):
-        RecoverySettings(lr_factor=0.0)
+        RecoveryConfig(lr_factor=0.0)
     with pytest.raises(ValueError):
-        RecoverySettings(reward_drop=1.5)
+        RecoveryConfig(reward_drop=1.5)
 
 
 # --------------------------------------------------------------------------------------
@@ -63,8 +64,8 @@ def test_settings_validation():
 pytest.importorskip("marft_algos.models")
 from helpers.marft_echo import echo_kwargs, letter_policy  # noqa: E402
 
-from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
-from marft_algos.trainer import CRITIC_KEY  # noqa: E402
+from marft_algos.algos.marft_action import MARFTAction, MARFTActionConfig, MARFTActionTrainer  # noqa: E402
+from marft_algos.optim import CRITIC_KEY  # noqa: E402
 
 
 def recovering_trainer(tmp_path, **kw) -> MARFTActionTrainer:
@@ -79,13 +80,13 @@ def policy_weights(t) -> list[torch.Tensor]:
 
 def test_injected_nan_triggers_exactly_one_rollback_and_training_continues(tmp_path, monkeypatch):
     t = recovering_trainer(tmp_path)
-    real = MARFTActionTrainer.policy_loss
+    real = MARFTAction.policy_loss
     snaps: dict[int, list[torch.Tensor]] = {}
     real_step = MARFTActionTrainer.train_step
 
     def nan_at_step_3(self, agent, mb, stats):
         loss, m = real(self, agent, mb, stats)
-        if self.global_step == 2:  # the 3rd step
+        if self.trainer.global_step == 2:  # the 3rd step
             loss = loss * float("nan")
         return loss, m
 
@@ -94,15 +95,15 @@ def test_injected_nan_triggers_exactly_one_rollback_and_training_continues(tmp_p
         snaps[self.global_step] = policy_weights(self)
         return m
 
-    monkeypatch.setattr(MARFTActionTrainer, "policy_loss", nan_at_step_3)
+    monkeypatch.setattr(MARFTAction, "policy_loss", nan_at_step_3)
     monkeypatch.setattr(MARFTActionTrainer, "train_step", step_and_snapshot)
     lr0 = t.optimizers["speaker"].param_groups[0]["lr"]
     hist = t.train()
     assert t.global_step == 5 and len(hist) == 5  # training went on to the end
     assert t.counters["recovery/rollbacks"] == 1
     assert t.counters["recovery/reason/nonfinite"] == 1
-    assert len(t.recovery.rollbacks) == 1
-    event = t.recovery.rollbacks[0]
+    assert len(t.algorithm.recovery.rollbacks) == 1
+    event = t.algorithm.recovery.rollbacks[0]
     assert event["step"] == 3 and event["reasons"] == ["nonfinite"]
     # the good checkpoint was the one saved after step 1 (validated by the healthy step 2);
     # the one after step 2 was never validated (step 3 collapsed)
@@ -151,13 +152,13 @@ def test_injected_entropy_spike_rolls_back_to_the_good_weights(tmp_path, monkeyp
 
 def test_too_many_rollbacks_stop_with_an_error(tmp_path, monkeypatch):
     t = recovering_trainer(tmp_path, recovery={"warmup": 1, "reward_drop": None, "max_rollbacks": 1}, steps=6)
-    real = MARFTActionTrainer.policy_loss
+    real = MARFTAction.policy_loss
 
     def always_nan_after_1(self, agent, mb, stats):
         loss, m = real(self, agent, mb, stats)
-        return (loss * float("nan") if self.global_step >= 1 else loss), m
+        return (loss * float("nan") if self.trainer.global_step >= 1 else loss), m
 
-    monkeypatch.setattr(MARFTActionTrainer, "policy_loss", always_nan_after_1)
+    monkeypatch.setattr(MARFTAction, "policy_loss", always_nan_after_1)
     with pytest.raises(CollapseError, match="after 1 rollbacks"):
         t.train()
     assert t.counters["recovery/rollbacks"] == 1
@@ -180,7 +181,7 @@ def test_rollback_to_a_checkpoint_whose_adapters_never_moved(tmp_path, monkeypat
     t.train()
     assert t.counters["recovery/rollbacks"] == 1
     assert t.global_step == 4
-    restored = t.recovery.rollbacks[0]["restored"]
+    restored = t.algorithm.recovery.rollbacks[0]["restored"]
     assert restored == "step-00000001"
     # the warm-up steps never touched the policy adapters
     assert t.global_step > t.config.critic_warmup_steps

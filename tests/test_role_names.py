@@ -62,7 +62,7 @@ def test_a_role_named_critic_keeps_its_adapter_apart_from_the_critic_lora():
     cfg = MARFTActionConfig(**_kw(critic_lora=True))
     t = MARFTActionTrainer(cfg, policy=letter_policy(("writer", "critic")))
     role_params = {id(p) for p in t.policy.trainable_parameters("critic")}
-    critic_params = {id(p) for p in t.critic.parameters()}
+    critic_params = {id(p) for p in t.algorithm.critic.parameters()}
     assert role_params and not role_params & critic_params
 
 
@@ -81,11 +81,3 @@ def test_roles_in_the_internal_namespace_are_refused_with_a_clear_error():
     env = dict(WRITER_CRITIC, profiles=[dict(WRITER_CRITIC["profiles"][0], role="__critic__"), WRITER_CRITIC["profiles"][1]])
     with pytest.raises(ConfigError, match="rename these roles"):
         MARFTActionTrainer(MARFTActionConfig(**_kw(env)), policy=letter_policy(("__critic__", "critic")))
-
-
-def test_old_checkpoint_keys_map_to_the_internal_namespace():
-    cfg = MARFTActionConfig(**_kw())
-    t = MARFTActionTrainer(cfg, policy=letter_policy(("writer", "critic")))
-    assert t._current_key("critic") == "critic"  # a role keeps its own key
-    t2 = MARFTActionTrainer(MARFTActionConfig(**echo_kwargs()), policy=letter_policy())
-    assert t2._current_key("critic") == "__critic__"

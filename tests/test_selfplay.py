@@ -69,7 +69,7 @@ def test_grpo_turn_estimator_through_the_trainer():
             ep.transitions.append(Transition(e, 0, k, k, agent, [1], [2], [-1.0], credited_reward=r))
         eps.append(ep)
     batch = RolloutBatch(episodes=eps)
-    t.compute_advantages(batch)
+    t.estimate(batch)
     # player_0's G: [0.5, 1, -0.5, -1] (mean 0, std sqrt(.625)); player_1's: [-1, 1]
     p0 = [tr.advantage for tr in batch.transitions if tr.agent == "player_0"]
     np.testing.assert_allclose(p0, np.array([0.5, 1.0, -0.5, -1.0]) / np.sqrt(0.625), atol=1e-5)
@@ -83,7 +83,7 @@ def test_ippo_turn_estimator_is_mars_over_the_batch():
     for k, (agent, r) in enumerate([("player_0", 1.0), ("player_1", 3.0), ("player_0", 0.0), ("player_1", -1.0), ("player_0", 2.0)]):
         ep.transitions.append(Transition(0, 0, k, k, agent, [1], [2], [-1.0], credited_reward=r, value=0.0))
     batch = RolloutBatch(episodes=[ep])
-    t.compute_advantages(batch)
+    t.estimate(batch)
     s = np.sqrt(1 / 6)  # the closed form of test_turn_level_advantages_closed_form
     np.testing.assert_allclose([tr.advantage for tr in batch.transitions], [0.0, 1.0, -0.5 / s, -1.0, 0.5 / s], atol=1e-5)
     assert [tr.returns for tr in batch.transitions] == [1.5, 2.5, 1.0, -1.0, 2.0]  # the value heads' targets
@@ -101,7 +101,7 @@ def test_reward_source_auto_picks_agent_for_games_and_team_for_team_envs(caplog)
         resolve_reward_source("team", nim, "grpo")
     with pytest.raises(ConfigError, match="reward_source='agent'"):
         GRPOTrainer(nim_config(reward_source="team"), policy=digit_policy(mode="shared"))
-    assert GRPOTrainer(nim_config(), policy=digit_policy(mode="shared")).reward_source == "agent"
+    assert GRPOTrainer(nim_config(), policy=digit_policy(mode="shared")).algorithm.reward_source == "agent"
 
 
 def test_marft_refuses_games():
@@ -124,7 +124,7 @@ def test_zero_sum_per_agent_returns_sum_to_zero():
         # the reward read right after the agent's own step misses the loser's -1 (it arrives on
         # the winner's move): that bookkeeping would give +1 in total, not 0
         assert sum(tr.reward for tr in ep.transitions) == 1.0
-    _, rewards, group_ids, _ = t._units(batch.episodes)
+    _, rewards, group_ids, _ = t.algorithm._units(batch.episodes)
     assert len(rewards) == 16 and sum(rewards) == 0.0
     per_episode = {}
     for ep in batch.episodes:
@@ -132,8 +132,8 @@ def test_zero_sum_per_agent_returns_sum_to_zero():
     assert set(per_episode.values()) == {0.0}
     # IPPO reads the same credited rewards, per action: 0 per episode too
     ti = IPPOTrainer(nim_config(IPPOConfig), policy=digit_policy(mode="shared"))
-    assert ti.reward_source == "agent"
-    ti.compute_advantages(batch)
+    assert ti.algorithm.reward_source == "agent"
+    ti.estimate(batch)
     for ep in batch.episodes:
         assert sum(tr.credited_reward for tr in ep.transitions) == 0.0
         assert all(tr.advantage is not None and np.isfinite(tr.advantage) for tr in ep.transitions)
@@ -183,17 +183,17 @@ def test_opponent_pool_round_trips_through_checkpoints(tmp_path):
     t = make()
     frozen = t.policy.adapter_state_dict("player_1")
     t.train(steps=2)  # writes a checkpoint at the end
-    assert t.pool.steps == [0, 1, 2]
+    assert t.selfplay.pool.steps == [0, 1, 2]
     # the opponent seat is never trained: it holds exactly the snapshot it was given
-    state = dict(t.pool.snapshots)[t.opponent_step]
+    state = dict(t.selfplay.pool.snapshots)[t.selfplay.opponent_step]
     assert all(torch.equal(v, state[k]) for k, v in t.policy.adapter_state_dict("player_1").items())
     assert not all(torch.equal(v, frozen[k]) for k, v in t.policy.adapter_state_dict("player_0").items())
-    pool_at_save = [(s, {k: v.clone() for k, v in sd.items()}) for s, sd in t.pool.snapshots]
+    pool_at_save = [(s, {k: v.clone() for k, v in sd.items()}) for s, sd in t.selfplay.pool.snapshots]
     after = [t.train_step()["selfplay/opponent_step"] for _ in range(3)]
     resumed = make()
     resumed.load_checkpoint(tmp_path / "run")
-    assert resumed.global_step == 2 and resumed.pool.steps == [s for s, _ in pool_at_save]
-    for (_, a), (_, b) in zip(pool_at_save, resumed.pool.snapshots, strict=True):
+    assert resumed.global_step == 2 and resumed.selfplay.pool.steps == [s for s, _ in pool_at_save]
+    for (_, a), (_, b) in zip(pool_at_save, resumed.selfplay.pool.snapshots, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert [resumed.train_step()["selfplay/opponent_step"] for _ in range(3)] == after
 

@@ -76,7 +76,7 @@ def test_per_token_weights_in_the_policy_loss_by_hand(algo):
     # the policy moved: ratio 1.1 on every token (inside the clip range, A = 1 > 0)
     logp = (torch.tensor([old]) + math.log(1.1)).requires_grad_(True)
     stats = TokenStats(logp, torch.zeros_like(logp), torch.ones_like(logp))
-    loss, m = t.policy_loss("speaker", mb, stats)
+    loss, m = t.algorithm.policy_loss("speaker", mb, stats)
     w = [math.exp(0.5), 1.0, 2.0]  # min(exp(old - engine), 2): e^0.5, e^0, e^1.5 cut at 2
     assert float(loss.detach()) == pytest.approx(-1.1 * sum(w) / 3, rel=1e-5)
     assert m["agent/speaker/engine_logp_gap"] == pytest.approx(2.0 / 3, rel=1e-6)
@@ -91,7 +91,7 @@ def test_one_weight_per_action_in_action_level_marft_by_hand():
     mb = one_action([-1.0, -2.0], [-1.5, -2.5], advantage=2.0)
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)  # unmoved: ratio 1
     stats = TokenStats(logp, torch.zeros_like(logp), torch.ones_like(logp))
-    loss, m = t.policy_loss("speaker", mb, stats)
+    loss, m = t.algorithm.policy_loss("speaker", mb, stats)
     # whole-action log-probs (token mean): trainer -1.5, engine -2.0 -> w = e^0.5; L = -A w
     assert float(loss.detach()) == pytest.approx(-2.0 * math.exp(0.5), rel=1e-6)
     assert m["agent/speaker/engine_logp_gap"] == pytest.approx(0.5)
@@ -102,11 +102,11 @@ def test_a_step_with_engine_logprobs_recomputes_the_old_ones_and_logs_the_gap():
     """The real loop: old log-probs come from the trainer's forward (not the engine's), the
     gap is logged per agent; the hf engine's fp32 numbers are the trainer's, so it is ~0."""
     t = GRPOTrainer(GRPOConfig(group_size=2, **PLAIN), policy=letter_policy())
-    assert t.sampler_logprobs_exact() and not t.engine_logprobs_kept()
+    assert t.behaviour.sampler_exact() and not t.behaviour.engine_kept()
     m0 = t.train_step()
     assert not any(k.endswith("engine_logp_gap") for k in m0)  # the default: no correction
     keeping_engine_logprobs(t)
-    assert not t.sampler_logprobs_exact()
+    assert not t.behaviour.sampler_exact()
     m = t.train_step()
     for a in t.agents:
         assert 0.0 <= m[f"agent/{a}/engine_logp_gap"] < 1e-4

@@ -202,7 +202,7 @@ def test_grpo_step_on_tool_segments_trains_with_exact_logprobs():
             assert lp.shape[0] == len(t.old_logprobs)
             assert torch.allclose(lp, torch.tensor(t.old_logprobs), atol=1e-4)
     before = {a: {k: v.clone() for k, v in pol.adapter_state_dict(a).items()} for a in ("reasoner", "actor")}
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     assert {t.advantage for t in segments} != {0.0}
     trainer.update(batch)
     for a, state in before.items():

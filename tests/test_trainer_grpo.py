@@ -13,7 +13,7 @@ pytest.importorskip("marft_algos.models")
 from helpers.tiny_echo import CHANCE, echo_config, letter_policy  # noqa: E402
 from helpers.training import assert_learns_from_chance  # noqa: E402
 
-from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
+from marft_algos.algos.grpo import GRPO, GRPOTrainer  # noqa: E402
 
 
 def tiny_config(**kw) -> GRPOConfig:
@@ -44,7 +44,7 @@ def batch_from_returns(returns_by_group: list[list[float]], agents=("speaker", "
 def test_group_relative_advantages_closed_form(trainer):
     batch = batch_from_returns([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 0.5]])
     trainer.config.normalize = "global"
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     for ep in batch.episodes:
         group = [e.team_return for e in batch.episodes if e.group_id == ep.group_id]
         mu, sd = np.mean(group), np.std(group, ddof=1)
@@ -63,7 +63,7 @@ def test_agentwise_normalization_uses_agent_statistics(trainer):
         sp.credited_reward, li.credited_reward = 10.0 * ep.team_return, ep.team_return + 0.5 * (ep.episode_id % 2 == 0)
     trainer.config.reward_source, trainer.config.normalize_advantages = "agent", "agent"
     try:
-        trainer.compute_advantages(batch)
+        trainer.estimate(batch)
     finally:
         trainer.config.reward_source, trainer.config.normalize_advantages = "team", "group"
     for agent in ("speaker", "listener"):
@@ -91,7 +91,7 @@ def test_own_rewards_credit_every_agent_not_only_the_last(trainer):
     batch = RolloutBatch(episodes=[duo_episode(0, 0, 1.0), duo_episode(1, 0, 0.0), duo_episode(2, 0, 1.0), duo_episode(3, 0, 0.0)])
     trainer.config.reward_source = "agent"
     try:
-        trainer.compute_advantages(batch)
+        trainer.estimate(batch)
     finally:
         trainer.config.reward_source = "team"
     for ep in batch.episodes:
@@ -140,11 +140,11 @@ def test_dynamic_sampling_judges_groups_by_the_rewards_the_advantages_use(monkey
     batch = t.collect()
     assert [e.episode_id for e in batch.episodes] == [0, 1]
     assert batch.metrics["rollout/groups_dropped"] == 2  # group 1, then the all-zero resample
-    t.compute_advantages(batch)
+    t.estimate(batch)
     assert any(tr.advantage != 0 for tr in batch.transitions)
     # with team rewards the same first round keeps group 1 and drops group 0
     t.config.reward_source = "team"
-    assert [t._all_equal(g) for g in first.groups().values()] == [True, False]
+    assert [t.algorithm._all_equal(g) for g in first.groups().values()] == [True, False]
 
 
 def _snapshot(t):
@@ -153,7 +153,7 @@ def _snapshot(t):
 
 def test_nonfinite_loss_and_gradient_are_skipped_and_counted(monkeypatch):
     t = make()
-    real_loss = GRPOTrainer.policy_loss
+    real_loss = GRPO.policy_loss
     calls = {"n": 0}
 
     def nan_loss(self, agent, mb, stats):
@@ -163,14 +163,14 @@ def test_nonfinite_loss_and_gradient_are_skipped_and_counted(monkeypatch):
 
     batch = t.collect()
     batch.episodes[0].team_return = 1.0  # make sure advantages are non-zero
-    t.compute_advantages(batch)
+    t.estimate(batch)
     before = _snapshot(t)
-    monkeypatch.setattr(GRPOTrainer, "policy_loss", nan_loss)
+    monkeypatch.setattr(GRPO, "policy_loss", nan_loss)
     t.update(batch)
     assert calls["n"] == 2  # both agents tried
     assert t.counters["train/nonfinite_skips"] == 2
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(t), strict=True))
-    monkeypatch.setattr(GRPOTrainer, "policy_loss", real_loss)
+    monkeypatch.setattr(GRPO, "policy_loss", real_loss)
     # a NaN gradient (finite loss) is caught too
     t.policy.set_train_role("speaker")
     param = next(iter(t.policy.trainable_parameters("speaker")))
@@ -232,12 +232,12 @@ def test_turn_estimator_counts_the_team_reward_once_per_tool_calling_action():
     # reward on both. Its return is the team reward once (as a one-segment action's and as
     # the outcome estimator's team_return), not once per segment.
     t = make(advantage_estimator="turn", normalize_advantages="none")
-    assert t.reward_source == "team"
+    assert t.algorithm.reward_source == "team"
     ep = Episode(episode_id=0, group_id=0, seed=0, team_return=1.0)
     for k, (agent, seg) in enumerate([("speaker", 0), ("speaker", 1), ("listener", 0)]):
         ep.transitions.append(Transition(0, 0, k, 0, agent, [1], [2], [-1.0], team_reward=1.0, segment=seg,
                                          action_index=0 if agent == "speaker" else k))
-    t.compute_advantages(RolloutBatch(episodes=[ep]))
+    t.estimate(RolloutBatch(episodes=[ep]))
     assert [tr.returns for tr in ep.transitions] == [1.0, 1.0, 1.0]  # turn_gamma 1: the reply's reward reaches the call
 
 

@@ -65,7 +65,7 @@ def test_own_rewards_reach_agents_that_do_not_close_the_turn(trainer):
     batch = RolloutBatch(episodes=eps)
     trainer.config.reward_source = "agent"
     try:
-        trainer.compute_advantages(batch)
+        trainer.estimate(batch)
     finally:
         trainer.config.reward_source = "team"
     for ep, team_r in zip(batch.episodes, [1.0, 0.0], strict=True):
@@ -90,7 +90,7 @@ def test_single_agent_gae_matches_stable_baselines3(trainer):
     lengths = [3, 5, 1, 4]
     chains = [[(float(rng.normal()), float(rng.normal())) for _ in range(L)] for L in lengths]
     batch = make_batch({"speaker": chains})
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     rewards = [r for c in chains for r, _ in c]
     values = [v for c in chains for _, v in c]
     starts = [float(k == 0) for c in chains for k in range(len(c))]
@@ -110,8 +110,8 @@ def test_no_cross_agent_chaining(trainer):
     li_b = [[(100.0, -50.0)] * 3]
     adv_a = make_batch({"speaker": sp, "listener": li_a})
     adv_b = make_batch({"speaker": sp, "listener": li_b})
-    trainer.compute_advantages(adv_a)
-    trainer.compute_advantages(adv_b)
+    trainer.estimate(adv_a)
+    trainer.estimate(adv_b)
     sp_a = [t.advantage for t in adv_a.transitions if t.agent == "speaker"]
     sp_b = [t.advantage for t in adv_b.transitions if t.agent == "speaker"]
     np.testing.assert_allclose(sp_a, sp_b)
@@ -124,7 +124,7 @@ def test_overlong_action_is_passed_through_in_the_agents_chain(trainer):
     # its 1st action bootstraps from its 3rd (gamma 0.9, lam 0.8, fixture)
     batch = make_batch({"speaker": [[(0.0, 0.5), (0.2, 9.9), (1.0, 0.3)]]})
     batch.transitions[1].trainable = False
-    trainer.compute_advantages(batch)
+    trainer.estimate(batch)
     A2 = 1.0 - 0.3
     A1 = 0.72 * A2
     A0 = 0.9 * (0.2 + 0.9 * 0.3) - 0.5 + 0.72 * A1
@@ -145,12 +145,12 @@ def test_config_validation():
 
 def test_value_heads_train_and_are_per_agent():
     t = make(num_envs=4)
-    before = {a: [p.detach().clone() for p in t.value_parameters(a)] for a in t.agents}
+    before = {a: [p.detach().clone() for p in t.algorithm.value_parameters(a)] for a in t.agents}
     t.train_step()
     for a in t.agents:
-        after = t.value_parameters(a)
+        after = t.algorithm.value_parameters(a)
         assert any(not torch.equal(b, p) for b, p in zip(before[a], after, strict=True)), f"value head of {a} did not move"
-    ids = {a: {id(p) for p in t.value_parameters(a)} for a in t.agents}
+    ids = {a: {id(p) for p in t.algorithm.value_parameters(a)} for a in t.agents}
     assert not (ids["speaker"] & ids["listener"])  # one head per agent
 
 
@@ -180,14 +180,14 @@ def test_team_reward_enters_once_per_tool_calling_action(trainer):
     # team reward enters at the last segment only, as "agent" credit and the other trainers
     # have it; before, every segment got +1 and the tool calls alone were worth 1 + 0.72 ...
     batch = tool_action_batch()
-    assert trainer.reward_source == "team"
-    trainer.compute_advantages(batch)
+    assert trainer.algorithm.reward_source == "team"
+    trainer.estimate(batch)
     np.testing.assert_allclose([t.returns for t in batch.transitions], [0.72**2, 0.72, 1.0, 1.0], atol=1e-12)
     team = [t.returns for t in batch.transitions]
     old, trainer.config.reward_source = trainer.config.reward_source, "agent"
     try:
         batch = tool_action_batch()
-        trainer.compute_advantages(batch)
+        trainer.estimate(batch)
     finally:
         trainer.config.reward_source = old
     assert [t.returns for t in batch.transitions] == pytest.approx(team)  # the two sources agree here

@@ -23,7 +23,7 @@ policy (with the policy's adapters disabled while values are computed).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -154,17 +154,17 @@ class Critic:
 
 
 class ActionValueEstimation:
-    """Mixin of the trainers whose estimator reads one ``V(o)`` per action from ``self.critic``
+    """Mixin of the algorithms whose estimator reads one ``V(o)`` per action from ``self.critic``
     (action-level MARFT, IPPO): the values are computed once per batch, before the GAE."""
 
     critic: Critic
-    gathered: Callable[..., Any]  # Trainer.gathered
+    trainer: Any  # the loop (its gathered() block)
 
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
         """``t.value = V(o)`` for every transition (no grad); non-trainable ones get 0
         (a placeholder: the GAE passes them through). With a frozen critic base the hidden
         states are cached in ``batch.estimates`` for the critic's training passes."""
-        with self.gathered(reference=True):  # FSDP: the base's weights whole, no collective per chunk
+        with self.trainer.gathered(reference=True):  # FSDP: the base's weights whole, no collective per chunk
             self.critic.fill_action_values(batch, chunk)
 
     def valued_transitions(self, batch: RolloutBatch) -> list[Transition]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from marft_algos.algorithm import Algorithm, PPOPolicy
 from marft_algos.config import (
     ConfigError,
     PPOLossConfig,
@@ -38,7 +39,7 @@ from marft_algos.reward_source import RewardSourceSetting
 from marft_algos.rollout import Episode, RolloutBatch, Transition
 from marft_algos.trainer import Trainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer"]
+__all__ = ["GRPO", "GRPOConfig", "GRPOTrainer"]
 
 
 @dataclass
@@ -83,44 +84,22 @@ class GRPOConfig(PPOLossConfig, TrainConfig):
             raise ConfigError(f"max_resample_tries must be >= 0, got {self.max_resample_tries}")
 
 
-class GRPOTrainer(RewardSourceSetting, Trainer):
-    """GRPO: group-relative advantages, clipped surrogate, optional KL to the reference."""
+class GRPO(PPOPolicy, RewardSourceSetting, Algorithm):
+    """GRPO's parts: group-relative advantages, the PPO policy term, dynamic sampling's test."""
 
-    config_cls = GRPOConfig
     config: GRPOConfig
 
-    def __init__(self, config: GRPOConfig, **kwargs: Any) -> None:
-        self.group_size = config.group_size
-        super().__init__(config, **kwargs)
-        _ = self.reward_source  # resolve now: a wrong setting fails at construction, not mid-run
+    def __init__(self, trainer: Any) -> None:
+        super().__init__(trainer)
+        self.group_size = self.config.group_size
 
-    # ---- rollouts with DAPO dynamic sampling ----------------------------------------
-    def collect(self) -> RolloutBatch:
-        """One batch of :meth:`groups_this_step` groups; with dynamic sampling, no-signal groups are dropped and more are collected (DAPO)."""
-        c = self.config
-        num_groups = self.groups_this_step() // self.dist.world_size  # this rank's share
-        batch = super().collect()
-        if not c.dynamic_sampling:
-            return batch
-        metrics = dict(batch.metrics)  # reward metrics of the first round are unbiased: keep them
-        kept = [g for g in batch.groups().values() if not self._all_equal(g)]
-        dropped, tries = num_groups - len(kept), 0
-        # several ranks: rounds in lock-step, each drawing the one global problem list (max need x ranks)
-        while (need := int(self.dist.max([num_groups - len(kept)])[0])) > 0 and tries < c.max_resample_tries:
-            tries += 1
-            more = self.dist.collect(self.collector, need * self.dist.world_size)
-            for key in ("rollout/tokens", "rollout/actions", "perf/rollout_s", "perf/generate_s", "rollout/verifier_timeouts", "rollout/overlong"):
-                metrics[key] = metrics.get(key, 0.0) + more.metrics.get(key, 0.0)
-            new_groups = list(more.groups().values())
-            good = [g for g in new_groups if not self._all_equal(g)]
-            dropped += len(new_groups) - len(good)
-            kept += good
-        kept = kept[:num_groups]
-        metrics["rollout/dynamic_tries"] = float(tries)
-        metrics["rollout/groups_dropped"] = float(dropped)
-        metrics["rollout/groups_kept"] = float(len(kept))
-        metrics["perf/rollout_tokens_per_s"] = metrics.get("rollout/tokens", 0.0) / max(metrics.get("perf/rollout_s", 0.0), 1e-9)
-        return RolloutBatch(episodes=[ep for g in kept for ep in g], metrics=metrics)
+    def check(self) -> None:
+        """Resolve ``reward_source`` now: a wrong setting fails at construction, not mid-run."""
+        _ = self.reward_source
+
+    def no_signal(self, group: list[Episode]) -> bool:
+        """DAPO: every advantage of the group is 0 (see :meth:`_all_equal`)."""
+        return self._all_equal(group)
 
     def _all_equal(self, group: list[Episode]) -> bool:
         """No signal: every advantage of the group is 0 under the rewards and statistics
@@ -166,7 +145,7 @@ class GRPOTrainer(RewardSourceSetting, Trainer):
         return units, rewards, group_ids, agent_ids
 
     # ---- advantages ----------------------------------------------------------------
-    def compute_advantages(self, batch: RolloutBatch) -> None:
+    def estimate(self, batch: RolloutBatch) -> None:
         """A = group-relative, (optionally) std-normalised return; one sample per unit.
 
         The statistics run over one sample per episode (team reward, global baseline) or
@@ -217,3 +196,10 @@ class GRPOTrainer(RewardSourceSetting, Trainer):
         )
         for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
             t.advantage, t.returns = float(a), float(r)
+
+
+class GRPOTrainer(Trainer):
+    """GRPO: group-relative advantages, clipped surrogate, optional KL to the reference."""
+
+    config_cls = GRPOConfig
+    algorithm_cls = GRPO

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import typing
 import warnings
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
+from marft_algos import losses
+from marft_algos.algorithm import Algorithm, PPOPolicy, Terms, whiten
 from marft_algos.algos.critic import ActionValueEstimation, Critic
 from marft_algos.buffer import action_field
 from marft_algos.config import (
@@ -42,11 +42,12 @@ from marft_algos.config import (
     with_default,
 )
 from marft_algos.losses import explained_variance
+from marft_algos.optim import value_key
 from marft_algos.reward_source import RewardSourceSetting
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import Trainer, value_key
+from marft_algos.trainer import Trainer
 
-__all__ = ["IPPOConfig", "IPPOTrainer"]
+__all__ = ["IPPO", "IPPOConfig", "IPPOTrainer"]
 
 
 @dataclass
@@ -83,16 +84,18 @@ class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
         check_normalization(self.normalize_advantages, ("none", "batch", "agent"), "ippo")
 
 
-class IPPOTrainer(ActionValueEstimation, RewardSourceSetting, Trainer):
-    """Independent PPO: per-agent value heads on the frozen base, per-agent GAE."""
+class IPPO(ActionValueEstimation, PPOPolicy, RewardSourceSetting, Algorithm):
+    """IPPO's parts: per-agent value heads on the frozen base, per-agent GAE, PPO policy terms."""
 
-    config_cls = IPPOConfig
     config: IPPOConfig
 
-    def __init__(self, config: IPPOConfig, *, value_model: Any = None, **kwargs: Any) -> None:
+    def __init__(self, trainer: Any, *, value_model: Any = None) -> None:
+        super().__init__(trainer)
         self._value_model_arg = value_model
-        super().__init__(config, **kwargs)
-        _ = self.reward_source  # resolve now: a wrong setting fails at construction, not mid-run
+
+    def check(self) -> None:
+        """Resolve ``reward_source`` now: a wrong setting fails at construction, not mid-run."""
+        _ = self.reward_source
 
     # ---- modules ---------------------------------------------------------------------
     def setup(self) -> None:
@@ -100,10 +103,10 @@ class IPPOTrainer(ActionValueEstimation, RewardSourceSetting, Trainer):
         from marft_algos.models import ValueModel
 
         vm = self._value_model_arg
-        self.value_model = vm if vm is not None else ValueModel(self.policy, per_agent=True)
+        self.value_model = vm if vm is not None else ValueModel(self.trainer.policy, per_agent=True)
         # the heads sit on the frozen base: its hidden states are computed once per step
         # (at advantage time) and the value loss only runs the heads on them
-        self.critic = Critic(self.policy, self.agents, per_agent=True, value_model=self.value_model)
+        self.critic = Critic(self.trainer.policy, self.agents, per_agent=True, value_model=self.value_model)
 
     def value_parameters(self, agent: str) -> list[torch.nn.Parameter]:
         """The trainable parameters of ``agent``'s value head."""
@@ -112,23 +115,12 @@ class IPPOTrainer(ActionValueEstimation, RewardSourceSetting, Trainer):
             return [p for p in vm.trainable_parameters(agent) if p.requires_grad]
         return [p for p in vm.heads[agent].parameters() if p.requires_grad]
 
-    def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """The policy optimizers plus one AdamW per value head (:func:`~marft_algos.trainer.value_key`)."""
-        opts = super().build_optimizers()
-        for agent in self.agents:
-            opts[value_key(agent)] = torch.optim.AdamW(self.value_parameters(agent), lr=self.config.critic_lr, eps=self.config.adam_eps)
-        return opts
-
-    def optimizer_keys(self, agent: str) -> list[str]:
-        """An agent's minibatch steps its policy and its own value head."""
-        return [agent, value_key(agent)]
+    def param_groups(self) -> dict[str, tuple[list[torch.nn.Parameter], float]]:
+        """One group per value head (``value`` terms: :func:`~marft_algos.optim.value_key`)."""
+        return {value_key(a): (self.value_parameters(a), self.config.critic_lr) for a in self.agents}
 
     # ---- values and advantages --------------------------------------------------------
-    def values_of(self, agent: str, prompts: list[list[int]]) -> torch.Tensor:
-        """``V_agent(o)`` for each prompt -> ``[B]`` (with grad unless under ``no_grad``)."""
-        return self.critic.action_values(agent, prompts)
-
-    def compute_advantages(self, batch: RolloutBatch) -> None:
+    def estimate(self, batch: RolloutBatch) -> None:
         """Per-agent GAE over each agent's own chain (``V_i(o)`` from agent i's head, computed if not set)."""
         from marft_algos.advantages import per_agent_gae
 
@@ -172,13 +164,7 @@ class IPPOTrainer(ActionValueEstimation, RewardSourceSetting, Trainer):
             groups = [batch.agent_transitions(a) for a in self.agents]
             if c.normalize_advantages == "batch":
                 groups = [[t for g in groups for t in g]]
-            for group in groups:
-                a = np.array([t.advantage for t in group])
-                mu, sd, n = self.dist.moments(a)  # over every rank's batch
-                if n > 1 and group:
-                    a = (a - mu) / (sd + 1e-8)
-                    for t, v in zip(group, a.tolist(), strict=True):
-                        t.advantage = float(v)
+            whiten(groups, lambda t: t.advantage, _put_advantage, self.dist)  # over every rank's batch
 
     @staticmethod
     def _terminal_flags(batch: RolloutBatch) -> list[float]:
@@ -189,37 +175,38 @@ class IPPOTrainer(ActionValueEstimation, RewardSourceSetting, Trainer):
         return flags
 
     # ---- losses ------------------------------------------------------------------------
-    def extra_losses(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """vf_coef * value loss of ``agent``'s head on the minibatch."""
-        from marft_algos import losses
-
+    def value_losses(self, agent: str, mb: list[Transition]) -> Terms:
+        """``vf_coef`` x the value loss of ``agent``'s head on the minibatch (a mean over actions)."""
         c = self.config
         v = self.critic.minibatch_action_values(agent, mb)
         returns = action_field(mb, "returns", v.dtype, v.device)
         old_v = action_field(mb, "values", v.dtype, v.device)
         vloss = losses.value_loss(v, returns, old_values=old_v, clip=c.value_clip, kind=c.value_loss, delta=c.huber_delta)
-        return c.vf_coef * vloss, {
+        return {"value": (c.vf_coef * vloss, {
             f"agent/{agent}/value_loss": float(vloss.detach()),
             f"agent/{agent}/value_mean": float(v.detach().mean()),
             f"agent/{agent}/explained_variance": explained_variance(v.detach(), returns),
-        }
+        })}
 
     # ---- checkpoint: value heads ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The runtime's state plus every value head's weights."""
-        state = super().state_dict()
-        state["value_heads"] = {
-            agent: [p.detach().cpu().clone() for p in self.value_parameters(agent)] for agent in self.agents
-        }
-        return state
+        """Every value head's weights."""
+        return {"heads": {agent: [p.detach().cpu().clone() for p in self.value_parameters(agent)] for agent in self.agents}}
 
-    def load_state_dict(self, state: dict[str, Any], parts: Collection[str] | None = None) -> None:
-        """Restore :meth:`state_dict` (value heads in place with the ``weights``, then the runtime's parts)."""
-        from marft_algos.checkpoint import check_parts
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` in place."""
+        with torch.no_grad():
+            for agent, tensors in state["heads"].items():
+                for p, t in zip(self.value_parameters(agent), tensors, strict=True):
+                    p.copy_(t.to(p.device, p.dtype))
 
-        if "weights" in check_parts(parts):
-            with torch.no_grad():
-                for agent, tensors in state["value_heads"].items():
-                    for p, t in zip(self.value_parameters(agent), tensors, strict=True):
-                        p.copy_(t.to(p.device, p.dtype))
-        super().load_state_dict(state, parts)
+
+def _put_advantage(t: Transition, v: Any) -> None:
+    t.advantage = float(v)
+
+
+class IPPOTrainer(Trainer):
+    """Independent PPO: per-agent value heads on the frozen base, per-agent GAE."""
+
+    config_cls = IPPOConfig
+    algorithm_cls = IPPO

@@ -1,9 +1,9 @@
 """The MARFT base shared by action- and token-level MARFT: config, critic, schedule, KL cut, recovery.
 
 :class:`MARFTConfig` holds the settings both levels share (chain GAE discounts, PPO loss,
-critic, agent-by-agent schedule, collapse recovery); :class:`MARFTTrainerBase` the
-machinery (critic built on the frozen base, critic warm-up, agent-by-agent schedule,
-KL hard cut, collapse recovery, critic checkpointing). The two levels differ in their
+critic, agent-by-agent schedule, collapse recovery); :class:`MARFTBase` the parts
+(critic built on the frozen base and its ``critic`` loss term, critic warm-up,
+agent-by-agent schedule, collapse recovery as a loop callback, the critic's checkpoint). The two levels differ in their
 advantage estimator and losses: :mod:`marft_algos.algos.marft_action` and
 :mod:`marft_algos.algos.marft_token`.
 """
@@ -11,14 +11,14 @@ advantage estimator and losses: :mod:`marft_algos.algos.marft_action` and
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
+from marft_algos import losses
+from marft_algos.algorithm import Algorithm, Terms, whiten
 from marft_algos.buffer import token_field
 from marft_algos.config import (
     ConfigError,
@@ -30,10 +30,10 @@ from marft_algos.config import (
     check_at_least,
     check_normalization,
 )
+from marft_algos.optim import CRITIC_KEY
 from marft_algos.rollout import RolloutBatch, Transition
-from marft_algos.trainer import CRITIC_KEY, Trainer
 
-__all__ = ["MARFTConfig", "MARFTTrainerBase"]
+__all__ = ["MARFTBase", "MARFTConfig"]
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -98,42 +98,20 @@ class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
         )
 
 
-class MARFTTrainerBase(Trainer):
-    """Machinery shared by action- and token-level MARFT: critic, schedule, KL cut, recovery.
+class MARFTBase(Algorithm):
+    """The parts shared by action- and token-level MARFT: critic, schedule, KL cut, recovery.
 
-    Subclasses implement :meth:`compute_advantages`, :meth:`critic_loss` and
-    :meth:`policy_loss`.
+    Subclasses implement :meth:`estimate`, :meth:`critic_loss` and :meth:`policy_loss`.
     """
 
     config: MARFTConfig
+    #: the critic learns from every agent's actions, frozen or unscheduled ones too
+    value_on_all_agents = True
 
-    def __init__(self, config: MARFTConfig, *, value_model: Any = None, **kwargs: Any) -> None:
+    def __init__(self, trainer: Any, *, value_model: Any = None) -> None:
+        super().__init__(trainer)
         self._value_model_arg = value_model
-        self._step_keys: list[str] | None = None
-        self._active: set[str] = set()
-        self.lr_scale = 1.0
-        super().__init__(config, **kwargs)
-        if config.agent_by_agent:
-            trained = self.trainable_agents()
-            shared = [a for a in trained if any(b != a and self.optimizers[b] is self.optimizers[a] for b in trained)]
-            if shared:
-                raise ConfigError(
-                    f"agent_by_agent needs separate parameters per agent, but {shared} share theirs (mode={config.mode!r} or "
-                    "profiles naming one adapter): a step on one agent's data would move the others too"
-                )
-        from marft_algos.reward_source import env_has_team_reward
-
-        if not env_has_team_reward(self.collector.envs[0]):  # one value chain = one shared return
-            raise ConfigError(
-                f"{type(self).__name__} credits one team return through one chain of all agents' actions, but "
-                f"{type(self.collector.envs[0]).__name__} gives each agent its own reward (a game): use 'grpo' or 'ippo' "
-                "(they train on each agent's own rewards there)"
-            )
-        self.recovery = None
-        if config.recovery.enabled:
-            from marft_algos.recovery import CollapseRecovery
-
-            self.recovery = CollapseRecovery(self, config.recovery)
+        self.recovery: Any = None
 
     # ---- modules -------------------------------------------------------------------
     def setup(self) -> None:
@@ -141,19 +119,41 @@ class MARFTTrainerBase(Trainer):
         from marft_algos.algos.critic import Critic
 
         c = self.config
-        self.critic = Critic(self.policy, self.agents, per_agent=c.critic_per_agent, lora=c.critic_lora, value_model=self._value_model_arg)
+        self.critic = Critic(self.trainer.policy, self.agents, per_agent=c.critic_per_agent, lora=c.critic_lora, value_model=self._value_model_arg)
 
-    def build_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """The policy optimizers plus the critic's (:data:`~marft_algos.trainer.CRITIC_KEY`), at the current rollback lr scale."""
-        opts = super().build_optimizers()
-        opts[CRITIC_KEY] = torch.optim.AdamW(self.critic.parameters(), lr=self.config.critic_lr * self.lr_scale, eps=self.config.adam_eps)
-        return opts
+    def param_groups(self) -> dict[str, tuple[list[torch.nn.Parameter], float]]:
+        """The critic's group (``critic`` terms: :data:`~marft_algos.optim.CRITIC_KEY`)."""
+        return {CRITIC_KEY: (self.critic.parameters(), self.config.critic_lr)}
 
-    def optimizer_keys(self, agent: str) -> list[str]:
-        # train_minibatch steps the critic and the agent's policy separately, so that a KL hard
-        # cut (or a non-finite policy loss) never stops the critic from training
-        """The agent's policy optimizer, or the critic's while :meth:`critic_step` runs."""
-        return list(self._step_keys) if self._step_keys is not None else [agent]
+    def check(self) -> None:
+        """Agent-by-agent needs separate parameters per agent; one value chain needs a team reward."""
+        from marft_algos.reward_source import env_has_team_reward
+
+        t = self.trainer
+        if self.config.agent_by_agent:
+            trained = t.trainable_agents()
+            shared = [a for a in trained if any(b != a and t.optimizers[b] is t.optimizers[a] for b in trained)]
+            if shared:
+                raise ConfigError(
+                    f"agent_by_agent needs separate parameters per agent, but {shared} share theirs (mode={self.config.mode!r} or "
+                    "profiles naming one adapter): a step on one agent's data would move the others too"
+                )
+        env = self.collector.envs[0]
+        if not env_has_team_reward(env):  # one value chain = one shared return
+            raise ConfigError(
+                f"{type(t).__name__} credits one team return through one chain of all agents' actions, but "
+                f"{type(env).__name__} gives each agent its own reward (a game): use 'grpo' or 'ippo' "
+                "(they train on each agent's own rewards there)"
+            )
+
+    def callbacks(self) -> list[Any]:
+        """Collapse recovery (``recovery.enabled``)."""
+        if not self.config.recovery.enabled:
+            return []
+        from marft_algos.recovery import CollapseRecovery
+
+        self.recovery = CollapseRecovery(self.trainer, self.config.recovery)
+        return [self.recovery]
 
     # ---- schedule ------------------------------------------------------------------
     def scheduled_agents(self, step: int | None = None, present: typing.Collection[str] | None = None) -> list[str]:
@@ -164,148 +164,48 @@ class MARFTTrainerBase(Trainer):
         it would leave the update without any policy step.
         """
         c = self.config
-        k = self.global_step if step is None else step
+        k = self.trainer.global_step if step is None else step
         # frozen agents never step their policy
-        pool = [a for a in self.trainable_agents() if present is None or a in present]
+        pool = [a for a in self.trainer.trainable_agents() if present is None or a in present]
         if k < c.critic_warmup_steps or not pool:
             return []
         if not c.agent_by_agent:
             return pool
         return [pool[((k - c.critic_warmup_steps) // c.agent_interval) % len(pool)]]
 
-    def update_agents(self, batch: RolloutBatch) -> list[str]:
-        """Every agent with data, frozen ones included: the critic learns from all actions."""
-        present = set(batch.agents)
-        return [a for a in self.agents if a in present]
+    def policy_agents(self, step: int, present: typing.Collection[str]) -> list[str]:
+        """The scheduled agents (critic warm-up: none; agent-by-agent: one)."""
+        return self.scheduled_agents(step, present)
 
-    def prepare_update(self, batch: RolloutBatch, chunk: int = 16) -> None:
-        # no policy update at this step (critic warm-up): no old/reference log-probs needed
-        """Old / reference log-probs, skipped when no policy steps (critic warm-up)."""
-        if self.scheduled_agents():
-            super().prepare_update(batch, chunk)
-
-    #: the metric the KL hard cut compares with ``kl_threshold`` (``agent/<a>/<name>``)
-    cut_kl_name: str = "kl"
-
-    def before_optimizer_step(self, agent: str, metrics: dict[str, float]) -> bool:
-        """KL hard cut: skip this agent's policy step when approx KL(old || new) > kl_threshold."""
-        th = self.config.kl_threshold
-        if self._step_keys is not None or th is None:  # never cut the critic
-            return True
-        kl = metrics.get(f"agent/{agent}/{self.cut_kl_name}")
-        if kl is not None and kl > th:
-            self.counters["train/kl_cuts"] += 1
-            self.counters[f"agent/{agent}/kl_cuts"] += 1
-            metrics[f"agent/{agent}/kl_cut"] = 1.0
-            return False
-        metrics[f"agent/{agent}/kl_cut"] = 0.0
-        return True
-
-    # ---- update ----------------------------------------------------------------------
-    def train_minibatch(self, agent: str, mb: list[Transition], *, epoch: int = 0) -> dict[str, float]:
-        """Critic step on ``agent``'s minibatch (always), then its policy step if scheduled."""
-        metrics = self.critic_step(agent, mb)
-        if agent in self._active:
-            metrics.update(super().train_minibatch(agent, mb, epoch=epoch))
-        return metrics
-
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """Critic on every agent's data; policy steps for the scheduled agents only."""
-        self._active = set(self.scheduled_agents(present=[a for a in self.agents if batch.agent_transitions(a)]))
-        out = super().update(batch)
-        for agent in self.agents:
-            out[f"agent/{agent}/policy_updated"] = float(agent in self._active)
-        return out
-
-    def critic_step(self, agent: str, mb: list[Transition]) -> dict[str, float]:
-        """One guarded critic optimizer step on ``agent``'s minibatch (never vetoed by the KL cut)."""
+    # ---- losses ----------------------------------------------------------------------
+    def value_losses(self, agent: str, mb: list[Transition]) -> Terms:
+        """``vf_coef`` x the critic's loss on ``agent``'s minibatch (the ``critic`` term: never vetoed by the KL cut)."""
         loss, metrics = self.critic_loss(agent, mb)
-        self._step_keys = [CRITIC_KEY]
-        try:
-            ok, norms = self.optimizer_step(agent, self.config.vf_coef * loss, metrics)
-        finally:
-            self._step_keys = None
-        if CRITIC_KEY in norms:
-            metrics["critic/grad_norm"] = norms[CRITIC_KEY]
-        return {k: v for k, v in metrics.items() if math.isfinite(v)}
+        return {"critic": (self.config.vf_coef * loss, metrics)}
 
     def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
         """The critic's loss on ``agent``'s minibatch and its metrics (implemented per level)."""
         raise NotImplementedError
 
-    def entropy_and_penalties(self, agent: str, mb: list[Transition], stats: Any, loss: torch.Tensor, m: dict[str, float]) -> torch.Tensor:
+    def regularize(self, agent: str, mb: list[Transition], stats: Any, loss: torch.Tensor, m: dict[str, float]) -> torch.Tensor:
         """Add the entropy bonus and the KL penalty to the reference to a policy loss."""
-        from marft_algos import losses
-
         c = self.config
-        mask = stats.mask.float()
-        m[f"agent/{agent}/entropy"] = float(losses.masked_mean(stats.entropy.detach(), mask))
-        if c.ent_coef > 0:
-            loss = loss - losses.entropy_bonus(stats.entropy, mask, c.ent_coef)
         ref = token_field(mb, "ref_logp", stats.logprobs.shape[1], stats.logprobs.device) if c.beta > 0 else None
-        if ref is not None:
-            kl = losses.kl_to_reference(stats.logprobs, ref, mask)
-            loss = loss + c.beta * kl
-            m[f"agent/{agent}/ref_kl"] = float(kl.detach())
-        return loss
+        return losses.regularize(loss, stats, stats.mask.float(), ref_logp=ref, beta=c.beta, ent_coef=c.ent_coef, metrics=m, prefix=f"agent/{agent}")
 
-    # ---- advantages helpers ------------------------------------------------------------
     def normalize(self, batch: RolloutBatch, get: Any, put: Any) -> None:
         """Normalise advantages over trainable transitions (batch-wide or per agent)."""
         mode = self.config.normalize_advantages
         if mode == "none":
             return
         groups = [batch.agent_transitions(a) for a in self.agents] if mode == "agent" else [[t for t in batch.transitions if t.trainable]]
-        for trs in groups:
-            flat = np.concatenate([np.atleast_1d(get(t)) for t in trs]) if trs else np.zeros(0)
-            mu, sd, n = self.dist.moments(flat)  # over every rank's batch
-            if n < 2 or not trs:
-                continue
-            for t in trs:
-                put(t, (np.asarray(get(t)) - mu) / (sd + 1e-8))
-
-    # ---- loop: recovery --------------------------------------------------------------------
-    def train_step(self, num_groups: int | None = None) -> dict[str, float]:
-        """One step, then the collapse check (which may roll back)."""
-        if self.recovery is not None and self.recovery.good is None:
-            self.recovery.start()  # the starting weights are the first good checkpoint
-        m = super().train_step(num_groups)
-        if self.recovery is not None:
-            self.recovery.after_step(m)
-        return m
-
-    def train(self, steps: int | None = None) -> list[dict[str, float]]:
-        """Train as the runtime does; the recovery checkpoints are forgotten at the end."""
-        try:
-            return super().train(steps)
-        finally:
-            if self.recovery is not None:
-                self.recovery.close()
+        whiten(groups, get, put, self.dist)
 
     # ---- checkpoint: critic ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The runtime's state plus the critic, the rollback lr scale and the collapse
-        detector's baselines (a resumed run does not re-arm its warm-up)."""
-        state = super().state_dict()
-        state["critic"] = self.critic.state_dict()
-        state["lr_scale"] = self.lr_scale
-        recovery = getattr(self, "recovery", None)
-        if recovery is not None:
-            state["recovery"] = recovery.state_dict()
-        return state
+        """The critic's weights."""
+        return {"critic": self.critic.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any], parts: typing.Collection[str] | None = None) -> None:
-        """Restore :meth:`state_dict`, or its ``parts``: the critic with the ``weights``, the
-        rollback lr scale with the ``schedulers`` (it is in their states), the collapse
-        detector with the ``progress``."""
-        from marft_algos.checkpoint import check_parts
-
-        chosen = check_parts(parts)
-        if "weights" in chosen:
-            self.critic.load_state_dict(state["critic"])
-        if "schedulers" in chosen:
-            self.lr_scale = float(state.get("lr_scale", 1.0))
-        recovery = getattr(self, "recovery", None)
-        if "progress" in chosen and recovery is not None and "recovery" in state:
-            recovery.load_state_dict(state["recovery"])
-        super().load_state_dict(state, chosen)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.critic.load_state_dict(state["critic"])

@@ -38,13 +38,15 @@ from typing import Any
 
 import torch
 
+from marft_algos import losses
 from marft_algos.algos.critic import ActionValueEstimation
-from marft_algos.algos.marft import MARFTConfig, MARFTTrainerBase, _check
+from marft_algos.algos.marft import MARFTBase, MARFTConfig, _check
 from marft_algos.buffer import action_field
 from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.trainer import Trainer
 
-__all__ = ["MARFTConfig", "MARFTActionConfig", "MARFTActionTrainer", "MARFTTrainerBase"]
+__all__ = ["MARFTAction", "MARFTActionConfig", "MARFTActionTrainer"]
 
 
 @dataclass
@@ -59,17 +61,17 @@ class MARFTActionConfig(MARFTConfig):
         _check(self.logprob_norm in ("sum", "token", "word"), f"logprob_norm must be 'sum', 'token' or 'word', got {self.logprob_norm!r}")
 
 
-class MARFTActionTrainer(ActionValueEstimation, MARFTTrainerBase):
-    """Action-level MARFT: chain GAE over executed actions, whole-action PPO ratios, shared critic."""
+class MARFTAction(ActionValueEstimation, MARFTBase):
+    """Action-level MARFT's parts: chain GAE over executed actions, whole-action PPO ratios, shared critic."""
 
-    config_cls = MARFTActionConfig
     config: MARFTActionConfig
-    cut_kl_name = "action_kl"
-    #: one ratio per action: the loss is a mean over actions (weights the ranks' gradients)
+    #: the KL hard cut reads the ratio's own quantity, the normalised whole-action log-prob
+    kl_cut_metric = "action_kl"
+    #: one ratio per action: the loss is a mean over actions (weights pieces and ranks)
     loss_units = "actions"
 
     # ---- values and advantages -----------------------------------------------------------
-    def compute_advantages(self, batch: RolloutBatch) -> None:
+    def estimate(self, batch: RolloutBatch) -> None:
         """Action-level GAE over each episode's executed chain (see module docstring; ``V(o)``
         from the shared critic, computed if not set)."""
         from marft_algos.advantages import action_level_gae
@@ -98,8 +100,6 @@ class MARFTActionTrainer(ActionValueEstimation, MARFTTrainerBase):
     # ---- losses ----------------------------------------------------------------------------
     def critic_loss(self, agent: str, mb: list[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
         """Value loss of ``V(o)`` against the action-level returns (optionally clipped)."""
-        from marft_algos import losses
-
         c = self.config
         v = self.critic.minibatch_action_values(agent, mb)
         returns = action_field(mb, "returns", v.dtype, v.device)
@@ -114,18 +114,17 @@ class MARFTActionTrainer(ActionValueEstimation, MARFTTrainerBase):
 
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """Clipped surrogate on whole-action log-probs (+ entropy bonus, KL to the reference)."""
-        from marft_algos import losses
-
         c = self.config
         mask = stats.mask.float()
-        old_tok = self.old_logprobs(mb, stats)
+        behaviour = self.trainer.behaviour
+        old_tok = behaviour.old_logprobs(mb, stats)
         n_words = [max(1, len(t.text.split())) for t in mb] if c.logprob_norm == "word" else None
         logp = losses.action_logprob(stats.logprobs, mask, c.logprob_norm, n_words)
         old = losses.action_logprob(old_tok, mask, c.logprob_norm, n_words)
         adv = action_field(mb, "advantages", logp.dtype, logp.device)
         m: dict[str, float] = {}
         pg_adv = adv
-        engine_tok = self.engine_logprobs(mb, stats)
+        engine_tok = behaviour.engine_logprobs(mb, stats)
         if engine_tok is not None:  # the engine kept its own log-probs: one truncated IS weight per action
             engine = losses.action_logprob(engine_tok, mask, c.logprob_norm, n_words)
             weights, tis = losses.truncated_is_weights(old, engine, None, c.tis_cap)
@@ -140,5 +139,12 @@ class MARFTActionTrainer(ActionValueEstimation, MARFTTrainerBase):
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(stats.logprobs.detach(), old_tok, mask))
         m[f"agent/{agent}/action_kl"] = float(losses.approx_kl(logp.detach(), old))
         m[f"agent/{agent}/advantage_mean"] = float(adv.mean())
-        loss = self.entropy_and_penalties(agent, mb, stats, loss, m)
+        loss = self.regularize(agent, mb, stats, loss, m)
         return loss, m
+
+
+class MARFTActionTrainer(Trainer):
+    """Action-level MARFT: chain GAE over executed actions, whole-action PPO ratios, shared critic."""
+
+    config_cls = MARFTActionConfig
+    algorithm_cls = MARFTAction

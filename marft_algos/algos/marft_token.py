@@ -30,12 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from marft_algos.algos.marft import MARFTConfig, MARFTTrainerBase, _check
+from marft_algos import losses
+from marft_algos.algos.marft import MARFTBase, MARFTConfig, _check
 from marft_algos.buffer import Minibatch, fit_width, token_field
 from marft_algos.losses import explained_variance
 from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.trainer import Trainer
 
-__all__ = ["MARFTTokenConfig", "MARFTTokenTrainer"]
+__all__ = ["MARFTToken", "MARFTTokenConfig", "MARFTTokenTrainer"]
 
 
 @dataclass
@@ -52,11 +54,17 @@ class MARFTTokenConfig(MARFTConfig):
         _check(0 <= self.lam_token <= 1, f"lam_token must be in [0, 1], got {self.lam_token}")
 
 
-class MARFTTokenTrainer(MARFTTrainerBase):
-    """Token-level MARFT: token values, cross-agent token backup, per-token clipped ratios."""
+class MARFTToken(MARFTBase):
+    """Token-level MARFT's parts: token values, cross-agent token backup, per-token clipped ratios."""
 
-    config_cls = MARFTTokenConfig
     config: MARFTTokenConfig
+    kl_cut_metric = "kl"
+
+    def units(self, term: str, mb: Any) -> float:
+        """Both terms are means over tokens: the critic's over the real tokens of its rows."""
+        if term == "critic":
+            return float(sum(len(t.response_ids) for t in mb))
+        return super().units(term, mb)
 
     # ---- values and advantages -------------------------------------------------------------
     def compute_values(self, batch: RolloutBatch, chunk: int = 16) -> None:
@@ -68,7 +76,7 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         """
         cache = self.critic.can_cache
         est = batch.estimates
-        with torch.no_grad(), self.gathered(reference=True):  # FSDP: the base's weights whole, no collective per chunk
+        with torch.no_grad(), self.trainer.gathered(reference=True):  # FSDP: the base's weights whole, no collective per chunk
             for agent in self.agents:
                 trs = [t for t in batch.transitions if t.agent == agent]
                 full = [t for t in trs if t.trainable and t.response_ids]
@@ -95,7 +103,7 @@ class MARFTTokenTrainer(MARFTTrainerBase):
                         t.value = float(by_id.get(id(t), 0.0))
                         est[t].token_values = [t.value]
 
-    def compute_advantages(self, batch: RolloutBatch) -> None:
+    def estimate(self, batch: RolloutBatch) -> None:
         """Token-level backup over each episode's executed chain (see module docstring)."""
         from marft_algos.advantages import token_level_backup
 
@@ -129,35 +137,31 @@ class MARFTTokenTrainer(MARFTTrainerBase):
         self.normalize(batch, lambda t: np.asarray(est[t].token_advantages), put)
 
     # ---- losses ----------------------------------------------------------------------------
-    def advantages_tensor(self, mb: list[Transition], stats: Any) -> torch.Tensor:
+    def advantages(self, mb: list[Transition], stats: Any) -> torch.Tensor:
         """Per-token advantages ``[B, T]`` from the token-level backup."""
         adv = token_field(mb, "token_advantages", stats.logprobs.shape[1], stats.logprobs.device)
-        assert adv is not None, "token-level advantages are missing: compute_advantages first"
+        assert adv is not None, "token-level advantages are missing: estimate first"
         return adv
 
     def policy_loss(self, agent: str, mb: list[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-token clipped surrogate, masked mean (+ entropy bonus, KL to the reference)."""
-        from marft_algos import losses
-
         c = self.config
         mask = stats.mask.float()
-        old = self.old_logprobs(mb, stats)
-        adv = self.advantages_tensor(mb, stats)
+        old = self.trainer.behaviour.old_logprobs(mb, stats)
+        adv = self.advantages(mb, stats)
         m: dict[str, float] = {}
-        weights = self.tis_weights(agent, mb, stats, old, m)  # the engine kept its own log-probs
+        weights = self.trainer.behaviour.tis_weights(agent, mb, stats, old, c.tis_cap, m)  # the engine kept its own log-probs
         pg_adv = adv * weights if weights is not None else adv
         loss, info = losses.ppo_policy_loss(stats.logprobs, old, pg_adv, mask, eps_low=c.eps_low, eps_high=c.eps_high, agg=c.loss_agg)
         m.update({f"agent/{agent}/{k}": float(v) for k, v in info.items()})
         m[f"agent/{agent}/policy_loss"] = float(loss.detach())
         m[f"agent/{agent}/kl"] = float(losses.approx_kl(stats.logprobs.detach(), old, mask))
         m[f"agent/{agent}/advantage_mean"] = float(losses.masked_mean(adv, mask))
-        loss = self.entropy_and_penalties(agent, mb, stats, loss, m)
+        loss = self.regularize(agent, mb, stats, loss, m)
         return loss, m
 
     def critic_loss(self, agent: str, mb: Minibatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Masked value loss of the per-token values against the token returns (of the buffer's minibatch)."""
-        from marft_algos import losses
-
         c = self.config
         rows = [i for i, t in enumerate(mb) if t.response_ids]
         if not rows:
@@ -182,3 +186,10 @@ class MARFTTokenTrainer(MARFTTrainerBase):
             f"agent/{agent}/return_mean": float(losses.masked_mean(returns, mask)),
             f"agent/{agent}/explained_variance": explained_variance(v.detach(), returns, mask),
         }
+
+
+class MARFTTokenTrainer(Trainer):
+    """Token-level MARFT: token values, cross-agent token backup, per-token clipped ratios."""
+
+    config_cls = MARFTTokenConfig
+    algorithm_cls = MARFTToken

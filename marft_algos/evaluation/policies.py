@@ -144,11 +144,11 @@ def saved_roles(config: Any, ckpt: Path) -> list[str]:
 def checkpoint_policy(checkpoint: str | os.PathLike[str], *, engine: str | None = None) -> TrainedPolicy:
     """The trained policy stored in a run dir / checkpoint dir (one loader for every caller).
 
-    The policy is rebuilt as the trainer built it (``marft_algos.trainer.make_policy``)
+    The policy is rebuilt as the trainer built it (``marft_algos.policy_factory.make_policy``)
     for the roles it was saved with, then loaded. ``engine`` replaces the run's generation
     engine (``config.engine``) by another one, built with default options.
     """
-    from marft_algos.trainer import make_policy
+    from marft_algos.policy_factory import make_policy
 
     config, ckpt = read_run_config(checkpoint)
     if engine is not None and engine != getattr(config, "engine", "hf"):
