@@ -4,7 +4,7 @@ The MARFT paper's remedy for a collapsed run is manual: stop, reload an earlier
 checkpoint, lower the learning rate, continue. :class:`CollapseRecovery` automates it.
 
 After every training step it reads the step's metrics and checks, against
-configurable thresholds (:class:`RecoverySettings`):
+configurable thresholds (:class:`RecoveryConfig`):
 
 - **non-finite**: the step skipped an optimizer step for a NaN/inf loss or gradient
   (``train/nonfinite_skips`` grew), a monitored metric is NaN/inf, or a trainable
@@ -48,7 +48,7 @@ import torch
 from marft_algos.checkpoint import load_checkpoint, save_checkpoint
 from marft_algos.config import RecoveryConfig
 
-__all__ = ["RecoveryConfig", "RecoverySettings", "CollapseDetector", "CollapseRecovery", "CollapseError"]
+__all__ = ["RecoveryConfig", "CollapseDetector", "CollapseRecovery", "CollapseError"]
 
 log = logging.getLogger("marft")
 
@@ -60,14 +60,10 @@ class CollapseError(RuntimeError):
     """A collapse after the allowed number of rollbacks."""
 
 
-#: the thresholds and actions of collapse recovery: the nested ``recovery`` part of the MARFT configs
-RecoverySettings = RecoveryConfig
-
-
 class CollapseDetector:
     """Stateful checks of one step's metrics; baselines only learn from healthy steps."""
 
-    def __init__(self, settings: RecoverySettings, agents: list[str]) -> None:
+    def __init__(self, settings: RecoveryConfig, agents: list[str]) -> None:
         self.s = settings
         self.agents = list(agents)
         self.entropy_baseline: dict[str, float] = {}
@@ -164,7 +160,7 @@ class CollapseRecovery:
             temporary dir removed by :meth:`close` when the run has no ``out_dir``).
     """
 
-    def __init__(self, trainer: Any, settings: RecoverySettings, root: str | Path | None = None) -> None:
+    def __init__(self, trainer: Any, settings: RecoveryConfig, root: str | Path | None = None) -> None:
         self.trainer = trainer
         self.s = settings
         self.detector = CollapseDetector(settings, trainer.agents)

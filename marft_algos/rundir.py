@@ -20,7 +20,6 @@ import errno
 import json
 import os
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,13 +183,11 @@ def _show(v: Any) -> str:
 
 
 def _normalised(saved: dict[str, Any], config: Any) -> dict[str, Any]:
-    """The saved settings as the current config class writes them (renamed settings mapped, defaults filled)."""
+    """The saved settings as the current config class writes them (defaults filled)."""
     if saved.get("algo") != config.algo:
         return dict(saved)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return config_from_dict(type(config), {k: v for k, v in saved.items() if k != "algo"}).to_dict()
+        return config_from_dict(type(config), {k: v for k, v in saved.items() if k != "algo"}).to_dict()
     except (ConfigError, TypeError):
         return dict(saved)
 
@@ -232,7 +229,7 @@ def _saved_lr(saved: dict[str, Any], key: str, agents: list[str]) -> float | Non
     if key in agents:
         return float((saved.get("lr_per_agent") or {}).get(key, saved.get("lr")))
     if key == "critic" or key.startswith("value/"):
-        v = saved.get("critic_lr", saved.get("value_lr"))
+        v = saved.get("critic_lr")
         return None if v is None else float(v)
     return None
 

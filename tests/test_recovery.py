@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from marft_algos.recovery import CollapseDetector, CollapseError, RecoverySettings
+from marft_algos.config import RecoveryConfig
+from marft_algos.recovery import CollapseDetector, CollapseError
 
 AGENTS = ["speaker", "listener"]
 
@@ -23,7 +24,7 @@ def healthy(step: int, reward: float = 0.5, entropy: float = 1.0) -> dict[str, f
 
 
 def test_detector_nonfinite_entropy_kl_and_reward():
-    d = CollapseDetector(RecoverySettings(warmup=2), AGENTS)
+    d = CollapseDetector(RecoveryConfig(warmup=2), AGENTS)
     for k in range(3):
         assert d.check(healthy(k)) == []
     assert d.check({**healthy(3), "train/nonfinite_skips": 1.0}) == ["nonfinite"]
@@ -37,23 +38,23 @@ def test_detector_nonfinite_entropy_kl_and_reward():
 
 
 def test_detector_baselines_learn_only_from_healthy_steps_and_warmup():
-    d = CollapseDetector(RecoverySettings(warmup=2, entropy_factor=3.0, entropy_min_delta=1.0), AGENTS)
+    d = CollapseDetector(RecoveryConfig(warmup=2, entropy_factor=3.0, entropy_min_delta=1.0), AGENTS)
     assert d.check({**healthy(0), "agent/speaker/entropy": 9.0}) == []  # not armed yet
     assert d.check(healthy(1)) == []
     base = d.entropy_baseline["speaker"]
     assert d.check({**healthy(2), "agent/speaker/entropy": 50.0}) == ["entropy_surge/speaker"]
     assert d.entropy_baseline["speaker"] == base  # the surge did not move the baseline
     # a small relative surge on a tiny baseline is not a collapse (min delta)
-    d2 = CollapseDetector(RecoverySettings(warmup=0), AGENTS)
+    d2 = CollapseDetector(RecoveryConfig(warmup=0), AGENTS)
     d2.check(healthy(0, entropy=0.01))
     assert d2.check(healthy(1, entropy=0.05)) == []
 
 
 def test_settings_validation():
     with pytest.raises(ValueError):
-        RecoverySettings(lr_factor=0.0)
+        RecoveryConfig(lr_factor=0.0)
     with pytest.raises(ValueError):
-        RecoverySettings(reward_drop=1.5)
+        RecoveryConfig(reward_drop=1.5)
 
 
 # --------------------------------------------------------------------------------------

@@ -150,8 +150,7 @@ def test_grpo_step_on_tool_segments_trains_with_exact_logprobs():
     the group is made to answer right so the group has signal. GRPO with the turn-level ratio."""
     import torch
 
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.config import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     cfg = GRPOConfig(env_id=ENV, model="tiny-random", num_envs=2, group_size=2, num_minibatches=2, progress=False,
                      tensorboard=False, importance_ratio="turn",

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from marft_algos.config import ConfigError, IPPOConfig
+from marft_algos.algos.ippo import IPPOConfig
+from marft_algos.config import ConfigError
 from marft_algos.rollout import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")

@@ -19,7 +19,6 @@ are those the advantages use: team returns, or each agent's own with
 
 from __future__ import annotations
 
-import typing
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,6 @@ import numpy as np
 from marft_algos.config import (
     ConfigError,
     PPOLossConfig,
-    Renamed,
     TrainConfig,
     check_normalization,
     with_default,
@@ -59,9 +57,6 @@ class GRPOConfig(PPOLossConfig, TrainConfig):
     eps_high: float = with_default(PPOLossConfig, "eps_high", 0.28)
     dynamic_sampling: bool = field(default=False, metadata={"help": "DAPO dynamic sampling: drop groups whose rewards are all equal and resample."})
     max_resample_tries: int = field(default=3, metadata={"help": "Extra collection rounds to fill the batch when dynamic sampling drops groups."})
-
-    # the old normalize="global" is normalize_advantages="group"
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"normalize": ("normalize_advantages", lambda v: "group" if v == "global" else v)}
 
     def __post_init__(self) -> None:
         if self.normalize_advantages == "global":

@@ -21,7 +21,6 @@ loss of that agent's head; the head has its own optimizer (``__value__/<agent>``
 
 from __future__ import annotations
 
-import typing
 import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ from marft_algos.config import (
     ConfigError,
     CriticConfig,
     PPOLossConfig,
-    Renamed,
     TrainConfig,
     check_normalization,
     with_default,
@@ -63,9 +61,6 @@ class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
     advantage_estimator: str = field(default="gae", metadata={"help": "'gae': per-agent GAE with the value heads; 'turn': MARS turn-level advantages (each action's discounted return from its agent's own later rewards, normalised as normalize_advantages says; the value heads still learn those returns)."})
     normalize_advantages: str = field(default="agent", metadata={"help": "'agent' (whiten per agent within the batch), 'batch' (over all trainable actions) or 'none'."})
     value_loss: str = with_default(CriticConfig, "value_loss", "mse")
-
-    # the old team_reward=True/False is reward_source="team"/"agent"
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"team_reward": ("reward_source", lambda b: "team" if b else "agent")}
 
     def __post_init__(self) -> None:
         if isinstance(self.normalize_advantages, bool):  # the old bool: per agent or off
