@@ -88,7 +88,7 @@ def test_rank_seed_differs_by_rank_and_step():
 
 
 def test_minibatch_weight_counts_the_loss_units():
-    from marft_algos.rollout import Transition
+    from marft_algos.records import Transition
 
     mb = [Transition(0, 0, 0, 0, "a", [1], [2, 3, 4], [0.0] * 3), Transition(1, 1, 0, 0, "a", [1], [5], [0.0])]
 

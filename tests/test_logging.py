@@ -7,7 +7,7 @@ import math
 
 from marft_algos.logging import MetricsLogger, agent_metric, read_metrics
 from marft_algos.plotting import plot_learning_curve
-from marft_algos.rollout import Episode, Transition
+from marft_algos.records import Episode, Transition
 
 
 def _episode(eid: int) -> Episode:

@@ -8,7 +8,7 @@ import torch
 
 from marft_algos.algos.grpo import GRPOConfig
 from marft_algos.config import ConfigError
-from marft_algos.rollout import Episode, RolloutBatch, Transition
+from marft_algos.records import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
 from helpers.tiny_echo import CHANCE, echo_config, letter_policy  # noqa: E402
