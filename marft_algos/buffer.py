@@ -39,7 +39,7 @@ __all__ = [
 ACTION_FIELDS = {"values": "value", "advantages": "advantage", "returns": "returns"}
 
 #: the per-token fields: the trainer's estimates, and the sampler's own log-probs
-#: (``Transition.old_logprobs``: the engine's numbers, which truncated importance sampling
+#: (``Transition.sampler_logprobs``: the engine's numbers, which truncated importance sampling
 #: compares with the trainer's; see :meth:`marft_algos.trainer.Trainer.tis_weights`)
 TOKEN_FIELDS = (*TOKEN_ESTIMATES, "sampler_logp")
 
@@ -172,8 +172,8 @@ class AgentBuffer(_Fields):
             advantages=scalar("advantage"),
             returns=scalar("returns"),
         )
-        if trs and all(len(t.old_logprobs) == len(t.response_ids) for t in trs):
-            fields.sampler_logp = _padded([t.old_logprobs for t in trs])
+        if trs and all(len(t.sampler_logprobs) == len(t.response_ids) for t in trs):
+            fields.sampler_logp = _padded([t.sampler_logprobs for t in trs])
         records = [estimates.get(t) for t in trs] if estimates is not None else [None] * len(trs)
 
         def present(name: str) -> list[Any] | None:

@@ -55,7 +55,9 @@ class Transition:
         agent: the acting agent (= the policy role).
         prompt_ids: token ids the action was sampled from (chat template applied).
         response_ids: the sampled token ids (incl. EOS when the model stopped on it).
-        old_logprobs: per-token log-probs reported by the sampler.
+        sampler_logprobs: per-token log-probs reported by the sampler (the engine's numbers
+            for the sampled ids; the trainer's behaviour log-probs, ``old_logp`` in
+            :class:`ActionEstimates`, are these when they are exact in fp32, else recomputed).
         temperature: the sampling temperature (training log-probs use the same
             temperature-scaled distribution; greedy actions record 1.0).
         text: decoded response passed to ``env.step``.
@@ -97,7 +99,7 @@ class Transition:
     agent: str
     prompt_ids: list[int]
     response_ids: list[int]
-    old_logprobs: list[float]
+    sampler_logprobs: list[float]
     temperature: float = 1.0
     text: str = ""
     finish_reason: str = "eos"

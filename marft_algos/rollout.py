@@ -552,7 +552,7 @@ class RolloutCollector:
             agent=agent,
             prompt_ids=prompt_ids,
             response_ids=response_ids,
-            old_logprobs=logprobs,
+            sampler_logprobs=logprobs,
             temperature=temperature,
             text=text,
             finish_reason=finish,

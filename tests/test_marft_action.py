@@ -251,7 +251,7 @@ def test_kl_hard_cut_skips_the_policy_step_not_the_critic_and_logs_per_agent():
     assert m["train/kl_cuts"] == 2
 
 
-def test_old_logprobs_are_the_sampled_ones():
+def test_old_logp_are_the_sampler_logprobs():
     """fp32: the sampler's log-probs are the behaviour policy's (no extra forward); they
     match the training forward, so an unmoved policy has ratio 1 and KL ~ 0."""
     t = MARFTActionTrainer(tiny_config(), policy=letter_policy())
@@ -260,7 +260,7 @@ def test_old_logprobs_are_the_sampled_ones():
     t.compute_advantages(batch)
     t.prepare_update(batch)
     trs = [x for x in batch.transitions if x.trainable]
-    assert trs and all(batch.estimates[x].old_logp == x.old_logprobs for x in trs)
+    assert trs and all(batch.estimates[x].old_logp == x.sampler_logprobs for x in trs)
     m = t.update(batch)
     for a in t.agents:
         assert m[f"agent/{a}/kl"] < 1e-9 and m[f"agent/{a}/action_kl"] < 1e-9

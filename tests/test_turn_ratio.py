@@ -64,7 +64,7 @@ def test_turn_equals_sequence_when_every_action_has_one_segment():
 
 def _tr(eid: int, index: int, action_index: int) -> Transition:
     return Transition(episode_id=eid, group_id=0, index=index, turn=0, agent="a", prompt_ids=[1],
-                      response_ids=[2], old_logprobs=[0.0], action_index=action_index)
+                      response_ids=[2], sampler_logprobs=[0.0], action_index=action_index)
 
 
 def test_minibatches_keep_the_segments_of_an_action_together():
