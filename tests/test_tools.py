@@ -191,6 +191,23 @@ def test_resolve_tool_names_and_paths():
     assert resolve_tool("calculator").schema()["function"]["name"] == "calculator"
 
 
+def test_builtin_tools_are_a_lazy_table_and_registered_tools_override_them():
+    from marft_envs.tools import base, builtin
+
+    # named by "module:attr" in base's table: base imports no tool module for its side effect
+    assert base.BUILTIN_TOOLS == {name: f"marft_envs.tools.builtin:{name}_tool" for name in ("calculator", "python", "search")}
+    assert all(base.TOOLS[name] == path for name, path in base.BUILTIN_TOOLS.items())
+    for name, path in base.BUILTIN_TOOLS.items():
+        tool = resolve_tool(name)
+        assert tool.name == name and tool.schema() == getattr(builtin, path.split(":")[1])().schema()
+    mine = Tool("calculator", "mine", _INT, fn=lambda x: str(x))
+    base.register_tool(mine)
+    try:
+        assert resolve_tool("calculator") is mine
+    finally:
+        base.TOOLS["calculator"] = base.BUILTIN_TOOLS["calculator"]
+
+
 @pytest.mark.slow
 def test_python_tool_runs_in_the_sandbox():
     tool = resolve_tool("python")
