@@ -91,9 +91,7 @@ def test_no_code_is_graded_instantly_without_a_process(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(subprocess, "Popen", no_spawn)
     for text in ["", "I am not sure.", "```python\n\n```", "\x00\x01 random ünïcode ∑ 🙂", "def"]:
-        t0 = time.monotonic()
-        g = task.grade(text, problem)
-        assert time.monotonic() - t0 < 0.05
+        g = task.grade(text, problem)  # no process: no_spawn above would raise
         assert not g.correct and g.score == 0.0 and "no_code" in g.details["flags"]
 
 
