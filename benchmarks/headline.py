@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Evaluate the untrained solo and duo, train and evaluate each algorithm; write the report."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     import marft_envs
-    from marft_algos.trainer import ALGORITHMS, _discover
+    from marft_algos.registry import list_algorithms
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -208,10 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[headline] {label}: {s['accuracy']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] on {s['problems']}", flush=True)
         del policy
         gc.collect()
-    _discover()
+    registered = {spec.name for spec in list_algorithms()}
     curves: list[dict[str, Any]] = []
     for algo in [a.strip() for a in args.algos.split(",") if a.strip()]:
-        if algo not in ALGORITHMS:
+        if algo not in registered:
             rows.append({"system": f"duo trained with {algo}", "env_id": args.env, "status": f"not available (algorithm {algo!r} is not registered)"})
             print(f"[headline] {algo}: not registered, skipped", flush=True)
             continue

@@ -94,8 +94,7 @@ _MB = 1024 * 1024
 
 
 def _marft_grpo(model: str, env_id: str, agents_tokens: dict[str, int], group_size: int, lr: float, seed: int) -> Any:
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.config import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     config = GRPOConfig(
         env_id=env_id,
@@ -387,8 +386,7 @@ def run_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
 def memory_probe(args: argparse.Namespace, n: int, mode: str = "default", steps: int = 1) -> dict[str, float]:
     """``steps`` full GRPO steps of an n-agent chain in THIS (fresh) process under memory
     ``mode`` (see :data:`MEMORY_MODES`); peak RSS after, and the last step's time."""
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.config import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     G = max(2, min(args.scaling_episodes, 4))
     config = GRPOConfig(

@@ -20,6 +20,7 @@ from marft_algos.checkpoint import (
 from marft_algos.config import ConfigError, TrainConfig
 from marft_algos.logging import MetricsLogger
 from marft_algos.optim import OptimizerSet
+from marft_algos.records import Episode, RolloutBatch, Transition
 from marft_algos.registry import (
     ALGORITHMS,
     AlgorithmSpec,
@@ -29,7 +30,7 @@ from marft_algos.registry import (
     list_algorithms,
     register_algorithm,
 )
-from marft_algos.rollout import Episode, RolloutBatch, RolloutCollector, Transition
+from marft_algos.rollout import RolloutCollector
 from marft_algos.seeding import seed_everything
 from marft_algos.trainer import Trainer
 

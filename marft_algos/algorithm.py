@@ -32,7 +32,7 @@ import torch
 from marft_algos import losses
 from marft_algos.buffer import action_field, token_field
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
-from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.records import RolloutBatch, Transition
 
 __all__ = ["Algorithm", "PPOPolicy", "Terms", "whiten"]
 

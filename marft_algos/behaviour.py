@@ -21,7 +21,7 @@ import torch
 
 from marft_algos import losses
 from marft_algos.buffer import token_field
-from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.records import RolloutBatch, Transition
 
 __all__ = ["Behaviour", "temperature_of"]
 
@@ -66,8 +66,8 @@ class Behaviour:
                 for t in trs:
                     if est[t].old_logp is not None:
                         continue
-                    if use_sampler and len(t.old_logprobs) == len(t.response_ids):
-                        est[t].old_logp = [float(x) for x in t.old_logprobs]
+                    if use_sampler and len(t.sampler_logprobs) == len(t.response_ids):
+                        est[t].old_logp = [float(x) for x in t.sampler_logprobs]
                     else:
                         todo.append(t)
                 if todo:

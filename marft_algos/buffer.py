@@ -6,7 +6,7 @@ tensors, in the style of stable-baselines3's ``RolloutBuffer``: response ids and
 the action values, advantages and returns (typed fields of each transition), and the old
 and reference log-probs, token-level fields (token values, advantages, returns) and cached
 critic features where the algorithm has them (the batch's typed store,
-:class:`marft_algos.estimates.BatchEstimates`). A minibatch is then an index slice of those tensors (:meth:`AgentBuffer.minibatch`)
+:class:`marft_algos.records.BatchEstimates`). A minibatch is then an index slice of those tensors (:meth:`AgentBuffer.minibatch`)
 instead of Python lists re-padded in every minibatch of every epoch.
 
 A :class:`Minibatch` is also the list of its transitions, so loss code that reads a field
@@ -23,16 +23,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from marft_algos.estimates import TOKEN_ESTIMATES, BatchEstimates
-from marft_algos.rollout import Transition, minibatch_indices
+from marft_algos.records import TOKEN_ESTIMATES, BatchEstimates, Transition
 
-__all__ = ["AgentBuffer", "Minibatch", "action_field", "fit_width", "token_field"]
+__all__ = [
+    "AgentBuffer",
+    "Minibatch",
+    "action_field",
+    "fit_width",
+    "grouped_minibatch_indices",
+    "minibatch_indices",
+    "token_field",
+]
 
 #: buffer field -> the ``Transition`` attribute it is read from (one number per action)
 ACTION_FIELDS = {"values": "value", "advantages": "advantage", "returns": "returns"}
 
 #: the per-token fields: the trainer's estimates, and the sampler's own log-probs
-#: (``Transition.old_logprobs``: the engine's numbers, which truncated importance sampling
+#: (``Transition.sampler_logprobs``: the engine's numbers, which truncated importance sampling
 #: compares with the trainer's; see :meth:`marft_algos.trainer.Trainer.tis_weights`)
 TOKEN_FIELDS = (*TOKEN_ESTIMATES, "sampler_logp")
 
@@ -165,8 +172,8 @@ class AgentBuffer(_Fields):
             advantages=scalar("advantage"),
             returns=scalar("returns"),
         )
-        if trs and all(len(t.old_logprobs) == len(t.response_ids) for t in trs):
-            fields.sampler_logp = _padded([t.old_logprobs for t in trs])
+        if trs and all(len(t.sampler_logprobs) == len(t.response_ids) for t in trs):
+            fields.sampler_logp = _padded([t.sampler_logprobs for t in trs])
         records = [estimates.get(t) for t in trs] if estimates is not None else [None] * len(trs)
 
         def present(name: str) -> list[Any] | None:
@@ -213,3 +220,23 @@ def action_field(mb: Sequence[Transition], name: str, dtype: torch.dtype, device
         return getattr(mb, name).to(device=device, dtype=dtype)
     attr = ACTION_FIELDS[name]
     return torch.tensor([float(getattr(t, attr)) for t in mb], dtype=dtype, device=device)
+
+
+def minibatch_indices(n: int, num_minibatches: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Shuffle ``range(n)`` with ``rng`` and yield ``num_minibatches`` near-equal index chunks."""
+    order = rng.permutation(n)
+    for chunk in np.array_split(order, min(num_minibatches, max(n, 1))):
+        if len(chunk):
+            yield chunk
+
+
+def grouped_minibatch_indices(keys: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Like :func:`minibatch_indices` over ``range(len(keys))``, but indices with equal keys
+    (e.g. the segments of one action, ``Transition.action_key``) stay together, in order:
+    the units are shuffled and split."""
+    units: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        units.setdefault(k, []).append(i)
+    groups = list(units.values())
+    for chunk in minibatch_indices(len(groups), num_minibatches, rng):
+        yield np.asarray([i for j in chunk for i in groups[int(j)]], dtype=np.int64)

@@ -124,7 +124,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None
 def _config_flag_parser(config_cls: type) -> argparse.ArgumentParser:
     """One ``--field-name`` flag per config field, ``--part-setting`` per setting of a nested
     part (``--recovery-max-rollbacks``); values are parsed like ``--set`` values."""
-    from marft_algos.config import nested_fields, renamed_settings
+    from marft_algos.config import nested_fields
 
     p = argparse.ArgumentParser(prog=f"marft train --algo {config_cls.algo or '?'}", add_help=False)
     nested = nested_fields(config_cls)
@@ -139,10 +139,6 @@ def _config_flag_parser(config_cls: type) -> argparse.ArgumentParser:
                 continue
             flag = f"--{f.name}-{sub.name}".replace("_", "-")
             p.add_argument(flag, dest=f"{f.name}.{sub.name}", default=None, metavar="VALUE", help=sub.metadata.get("help", ""))
-    taken = {a.dest for a in p._actions}
-    for old in renamed_settings(config_cls):  # deprecated spellings, hidden from --help
-        if old not in taken and not any(old == d.replace(".", "_") for d in taken):
-            p.add_argument("--" + old.replace("_", "-"), dest=old, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -174,11 +170,11 @@ def build_config(args: argparse.Namespace, extra: list[str]) -> Any:
     if unknown:
         import difflib
 
-        names = [a.option_strings[0] for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS]
+        names = [a.option_strings[0] for a in parser._actions if a.option_strings]
         bad = unknown[0]
         close = difflib.get_close_matches(bad.split("=")[0], names, n=1)
         _die(f"unknown option {bad!r} for --algo {args.algo}" + (f"; did you mean {close[0]!r}?" if close else ""))
-    # flags are parsed exactly like --set values (dotted keys into nested parts, renamed settings)
+    # flags are parsed exactly like --set values (dotted keys into nested parts)
     from_flags = [f"{name}={value}" for name, value in vars(flags).items() if value is not None]
     data = apply_overrides(cls, data, from_flags + list(args.set))
     return config_from_dict(cls, data)

@@ -23,9 +23,8 @@ nested dataclass instead: they are one feature's knobs, switched on and off toge
 One vocabulary for all algorithms: ``normalize_advantages`` is one of
 :data:`ADVANTAGE_NORMALIZATION` (each algorithm accepts the modes it implements),
 ``critic_lr`` is the value model's learning rate, ``reward_source`` says which rewards an
-action is credited with. Renamed settings (``value_lr``, ``team_reward``, ``normalize``,
-``recovery_*``) keep working for one release with a ``DeprecationWarning``: in the
-constructor, :func:`config_from_dict` (old ``config.json`` files), ``--set`` and flags.
+action is credited with. Each algorithm's config is imported from its algorithm's module
+(``marft_algos.algos.grpo.GRPOConfig``) or from the package (``marft_algos.GRPOConfig``).
 """
 
 from __future__ import annotations
@@ -39,20 +38,12 @@ import numbers
 import os
 import types
 import typing
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marft_algos.registry import algorithm_name, lazy_exports
-
-if typing.TYPE_CHECKING:  # re-exported lazily (see __getattr__ at the end)
-    from marft_algos.algos.grpo import GRPOConfig
-    from marft_algos.algos.ippo import IPPOConfig
-    from marft_algos.algos.marft import MARFTConfig
-    from marft_algos.algos.marft_action import MARFTActionConfig
-    from marft_algos.algos.marft_token import MARFTTokenConfig
+from marft_algos.registry import algorithm_name
 
 __all__ = [
     "ADVANTAGE_NORMALIZATION",
@@ -62,15 +53,9 @@ __all__ = [
     "PPOLossConfig",
     "RecoveryConfig",
     "TrainConfig",
-    "GRPOConfig",
-    "IPPOConfig",
-    "MARFTConfig",
-    "MARFTActionConfig",
-    "MARFTTokenConfig",
     "check_at_least",
     "check_normalization",
     "nested_fields",
-    "renamed_settings",
     "with_default",
     "config_from_dict",
     "config_to_dict",
@@ -109,9 +94,6 @@ class _AlgorithmName:
 #: group-relative (GRPO's groups of episodes sharing a problem)
 ADVANTAGE_NORMALIZATION = ("none", "batch", "agent", "group")
 
-#: a renamed setting: (new name, maybe dotted into a nested part; converter of old values or None)
-Renamed = tuple[str, Callable[[Any], Any] | None]
-
 
 def check_normalization(value: str, allowed: tuple[str, ...], algo: str) -> None:
     """Reject a ``normalize_advantages`` value outside the vocabulary or not implemented by ``algo``."""
@@ -125,22 +107,6 @@ def check_normalization(value: str, allowed: tuple[str, ...], algo: str) -> None
 def with_default(part: type, name: str, default: Any) -> Any:
     """A field of a shared config part with another default (same help): ``eps_high: float = with_default(PPOLossConfig, "eps_high", 0.28)``."""
     return field(default=default, metadata=part.__dataclass_fields__[name].metadata)
-
-
-def _warn_renamed(owner: str, old: str, new: str) -> None:
-    warnings.warn(
-        f"{owner}: setting {old!r} is deprecated and will be removed in the next release; use {new!r}",
-        DeprecationWarning,
-        stacklevel=4,
-    )
-
-
-def _renamed(cls: type, name: str) -> Renamed | None:
-    for klass in cls.__mro__:
-        table = klass.__dict__.get("renamed_settings")
-        if table and name in table:
-            return table[name]
-    return None
 
 
 @functools.cache
@@ -172,46 +138,6 @@ def _put(data: dict[str, Any], path: str, value: Any) -> None:
     node = _as_part_dict(data.get(head))
     node[sub] = value
     data[head] = node
-
-
-def renamed_settings(cls: type) -> dict[str, Renamed]:
-    """Every renamed setting ``cls`` still accepts: ``{old name: (new name, value converter)}``."""
-    out: dict[str, Renamed] = {}
-    for klass in reversed(cls.__mro__):
-        out.update(klass.__dict__.get("renamed_settings") or {})
-    return out
-
-
-def _translate_legacy(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Map renamed settings in ``kwargs`` to their new names (with a DeprecationWarning)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    if all(k in names for k in kwargs):
-        return kwargs
-    out: dict[str, Any] = {k: v for k, v in kwargs.items() if k in names}
-    for key, value in kwargs.items():
-        if key in names:
-            continue
-        renamed = _renamed(cls, key)
-        if renamed is None:
-            out[key] = value  # the dataclass raises its usual TypeError
-            continue
-        new, convert = renamed
-        _warn_renamed(cls.__name__, key, new)
-        _put(out, new, convert(value) if convert is not None else value)
-    return out
-
-
-class _ConfigMeta(type):
-    """Metaclass of the configs: the constructor accepts renamed settings (deprecated).
-
-    The dataclass ``__init__`` of every subclass is generated anew, so a shim on one
-    class's ``__init__`` (or an ``InitVar`` per old name, which every subclass's
-    ``__post_init__`` would have to repeat) would not reach subclasses, third-party ones
-    included; the metaclass's ``__call__`` runs before any of them.
-    """
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, **_translate_legacy(cls, kwargs))
 
 
 _DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
@@ -286,7 +212,7 @@ class DistributedConfig:
 
 
 @dataclass
-class TrainConfig(metaclass=_ConfigMeta):
+class TrainConfig:
     """Settings shared by all trainers (environment, model, optimisation, logging)."""
 
     # --- environment -------------------------------------------------------------
@@ -348,9 +274,6 @@ class TrainConfig(metaclass=_ConfigMeta):
         "lr_per_agent",
         "frozen_agents",
     )
-
-    #: renamed settings still accepted for one release: {old name: (new name, value converter)}
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {}
 
     def __post_init__(self) -> None:
         for name, part in nested_fields(type(self)).items():  # dicts (JSON, --set) and the bool shorthand
@@ -432,32 +355,6 @@ class TrainConfig(metaclass=_ConfigMeta):
                 _check(sp.get("temperature", 1.0) >= 0, f"{name}[{agent!r}]: temperature must be >= 0")
                 _check(0 < sp.get("top_p", 1.0) <= 1, f"{name}[{agent!r}]: top_p must be in (0, 1]")
                 _check(sp.get("max_new_tokens", 1) >= 1, f"{name}[{agent!r}]: max_new_tokens must be >= 1")
-
-    # --- renamed settings (deprecated aliases, attribute access) ----------------------
-    def __getattr__(self, name: str) -> Any:
-        # only called for names that are not attributes: the renamed settings
-        renamed = _renamed(type(self), name) if not name.startswith("__") else None
-        if renamed is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        new = renamed[0]
-        _warn_renamed(type(self).__name__, name, new)
-        head, _, sub = new.partition(".")
-        value = object.__getattribute__(self, head)
-        return getattr(value, sub) if sub else value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in self.__dataclass_fields__:
-            renamed = _renamed(type(self), name)
-            if renamed is not None:
-                new, convert = renamed
-                _warn_renamed(type(self).__name__, name, new)
-                value = convert(value) if convert is not None else value
-                head, _, sub = new.partition(".")
-                if sub:
-                    setattr(getattr(self, head), sub, value)
-                    return
-                name = head
-        object.__setattr__(self, name, value)
 
     # --- helpers -----------------------------------------------------------------
     def check_fsdp(self) -> None:
@@ -571,8 +468,6 @@ class CriticConfig:
     huber_delta: float = field(default=10.0, metadata={"help": "Huber delta."})
     value_clip: float | None = field(default=None, metadata={"help": "Clip value predictions to +-value_clip around the rollout values (None = off)."})
 
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"value_lr": ("critic_lr", None)}
-
     def __post_init__(self) -> None:
         _chain_post_init(self, CriticConfig)
         _check(self.critic_lr > 0 and math.isfinite(self.critic_lr), f"critic_lr must be > 0, got {self.critic_lr}")
@@ -623,11 +518,10 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
 def config_from_dict(cls: type[TrainConfig], data: dict[str, Any]) -> TrainConfig:
     """Build ``cls`` from a dict; unknown keys are an error that lists the valid ones.
 
-    Nested parts come as dicts (``{"recovery": {"max_rollbacks": 3}}``); renamed settings
-    of older releases (``config.json`` of old checkpoints) are mapped with a DeprecationWarning.
+    Nested parts come as dicts (``{"recovery": {"max_rollbacks": 3}}``).
     """
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(k for k in set(data) - names - {"algo"} if _renamed(cls, k) is None)
+    unknown = sorted(set(data) - names - {"algo"})
     if unknown:
         raise ConfigError(f"unknown {cls.__name__} settings {unknown}; valid settings: {sorted(names)}")
     return cls(**{k: v for k, v in data.items() if k != "algo"})
@@ -683,8 +577,7 @@ def apply_overrides(cls: type[TrainConfig], base: dict[str, Any], overrides: lis
 
     ``key`` may be dotted into a nested part (``recovery.max_rollbacks=3``, parsed by that
     setting's type) or into a dict field (``sampling_overrides.actor.temperature=0.7``).
-    Renamed settings are mapped to their new names with a DeprecationWarning. Unknown
-    keys raise :class:`ConfigError` with a suggestion.
+    Unknown keys raise :class:`ConfigError` with a suggestion.
     """
     types = _field_types(cls)
     nested = nested_fields(cls)
@@ -696,20 +589,6 @@ def apply_overrides(cls: type[TrainConfig], base: dict[str, Any], overrides: lis
         key = key.strip().replace("-", "_")
         head, *rest = key.split(".")
         if head not in types:
-            renamed = _renamed(cls, head) if not rest else None
-            if renamed is not None:
-                new, convert = renamed
-                _warn_renamed(cls.__name__, head, new)
-                value = _loose_value(text)
-                new_head, _, sub = new.partition(".")
-                if sub and new_head in nested:
-                    value = parse_value(text, typing.get_type_hints(nested[new_head])[sub]) if convert is None else convert(value)
-                elif convert is not None:
-                    value = convert(value)
-                elif new in types:
-                    value = parse_value(text, types[new])
-                _put(out, new, value)
-                continue
             close = difflib.get_close_matches(head, list(types), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown setting {head!r} for {cls.__name__}{hint}")
@@ -755,15 +634,3 @@ def _part_value(head: str, text: str) -> dict[str, Any]:
         raise ConfigError(f"{head} expects true/false or a JSON dict of its settings (or {head}.<setting>=...), got {text!r}")
     return value
 
-
-#: configs that live beside their algorithm, importable from here as before
-_ALGORITHM_CONFIGS = {
-    "GRPOConfig": "marft_algos.algos.grpo",
-    "IPPOConfig": "marft_algos.algos.ippo",
-    "MARFTConfig": "marft_algos.algos.marft",
-    "MARFTActionConfig": "marft_algos.algos.marft_action",
-    "MARFTTokenConfig": "marft_algos.algos.marft_token",
-}
-
-# lazy: the algorithm modules import this one (an eager import would be a circle)
-__getattr__ = lazy_exports(__name__, _ALGORITHM_CONFIGS)

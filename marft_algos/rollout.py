@@ -1,17 +1,8 @@
-"""Rollout records and the batched multi-env collector.
+"""The batched multi-env collector: env copies in, :class:`~marft_algos.records.RolloutBatch` out.
 
-Records
--------
-A :class:`Transition` is one agent action with everything training needs, kept as token
-ids end to end: ``prompt_ids`` are exactly the ids the policy was conditioned on (the
-chat-templated messages) and ``response_ids`` exactly the sampled ids, so log-probs and
-values are later computed on the same tokens in the same context (no re-tokenisation).
-An :class:`Episode` is the transitions of one env copy in execution order: the chain
-that action-level GAE walks (the successor of a transition is the next one executed).
-A :class:`RolloutBatch` is the episodes of one training step plus rollout metrics.
+The records it fills (:class:`~marft_algos.records.Transition`, :class:`~marft_algos.records.Episode`,
+:class:`~marft_algos.records.RolloutBatch`) live in :mod:`marft_algos.records`.
 
-Collector
----------
 :class:`RolloutCollector` drives many env copies through the PettingZoo AEC loop at
 once: every env sits at its own ``agent_selection``; dead agents are stepped with
 ``None``; all pending generation requests across envs go into ONE ``policy.generate``
@@ -30,14 +21,14 @@ import logging
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from marft_algos.estimates import BatchEstimates
+from marft_algos.records import Episode, RolloutBatch, Transition
 from marft_envs.testing import check_step_output
 
 _log = logging.getLogger("marft")
@@ -46,99 +37,9 @@ __all__ = [
     "ContextOverflowError",
     "component_and_route_metrics",
     "overlong_summary",
-    "Transition",
-    "Episode",
-    "RolloutBatch",
     "RolloutCollector",
     "make_sampling",
-    "minibatch_indices",
-    "grouped_minibatch_indices",
 ]
-
-
-@dataclass
-class Transition:
-    """One action of one agent.
-
-    Attributes:
-        episode_id: unique id of the episode (unique across the run).
-        group_id: GRPO group (episodes sharing a problem share it); = episode_id if no groups.
-        index: position of this transition in its episode (execution order).
-        turn: the env's turn counter when the agent acted.
-        agent: the acting agent (= the policy role).
-        prompt_ids: token ids the action was sampled from (chat template applied).
-        response_ids: the sampled token ids (incl. EOS when the model stopped on it).
-        old_logprobs: per-token log-probs reported by the sampler.
-        temperature: the sampling temperature (training log-probs use the same
-            temperature-scaled distribution; greedy actions record 1.0).
-        text: decoded response passed to ``env.step``.
-        finish_reason: "eos", "stop" or "length" (from the policy), "overlong" when the
-            prompt did not fit in ``max_context`` (then the action was "" and the
-            transition is not trainable).
-        reward: ``env.rewards[agent]`` read right after this step.
-        credited_reward: every reward the agent received from this step until its next
-            action (PettingZoo's cumulative-reward semantics: a team reward given to all
-            agents when the answering agent acts is credited to each one's last action).
-        team_reward: the team reward of this transition's turn (filled in when the turn
-            is graded; 0.0 for turns never graded).
-        segment: 0 for an action's first generated segment; 1, 2, ... for the segments that
-            continue it after tool calls (the env's ``tool_turn``, see docs/tools.md). Each
-            segment is its own transition: its prompt holds every earlier segment and tool
-            result (observation, never in a loss mask), its response only its own ids.
-        action_index: ``index`` of the first segment of this transition's action (= ``index``
-            for single-segment actions); :attr:`action_key` groups the segments of one action.
-        action_reward: every reward credited to this transition's action (all its
-            segments), the same on each segment. ``credited_reward`` keeps the per-step
-            credit (a multi-segment action's credit lands on the segment whose step
-            received it, so sums over transitions count it once).
-        done: the acting agent was terminated or truncated by this step.
-        flags: env info flags of this step (e.g. "empty_action", "action_truncated").
-        info: the env's info dict for the agent after the step (JSON-safe parts).
-        trainable: False for actions that must not be trained on (overlong prompts).
-        value / advantage / returns: filled by the trainer's advantage estimator.
-        extras: what the collector attaches per action beyond the fields above (the chat
-            ``prompt`` messages, for transcripts). The trainer's own per-action numbers
-            (old / reference log-probs, token values / advantages / returns, cached critic
-            features) are never written here: they live in the batch's typed store,
-            :attr:`RolloutBatch.estimates` (:mod:`marft_algos.estimates`).
-    """
-
-    episode_id: int
-    group_id: int
-    index: int
-    turn: int
-    agent: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    old_logprobs: list[float]
-    temperature: float = 1.0
-    text: str = ""
-    finish_reason: str = "eos"
-    reward: float = 0.0
-    credited_reward: float = 0.0
-    team_reward: float = 0.0
-    segment: int = 0
-    action_index: int = -1
-    action_reward: float = 0.0
-    done: bool = False
-    flags: list[str] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    trainable: bool = True
-    value: float | None = None
-    advantage: float | None = None
-    returns: float | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_tokens(self) -> int:
-        """Number of sampled tokens."""
-        return len(self.response_ids)
-
-    @property
-    def action_key(self) -> tuple[int, int]:
-        """``(episode_id, index of the action's first segment)``: equal for the segments of
-        one multi-segment (tool-calling) action, distinct for different actions."""
-        return (self.episode_id, self.action_index if self.action_index >= 0 else self.index)
 
 
 @dataclass
@@ -151,103 +52,6 @@ class _OpenAction:
     tools: list[dict[str, Any]] | None  # the schemas given to the template (None: inline/none)
     segment: int
     action_index: int
-
-
-@dataclass
-class Episode:
-    """The transitions of one env copy, in execution order."""
-
-    episode_id: int
-    group_id: int
-    seed: int | None
-    problem_id: str | None = None
-    transitions: list[Transition] = field(default_factory=list)
-    team_return: float = 0.0
-    correct: bool | None = None
-    dead_steps: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def agent_transitions(self, agent: str) -> list[Transition]:
-        """``agent``'s transitions, in execution order."""
-        return [t for t in self.transitions if t.agent == agent]
-
-    def agent_return(self, agent: str) -> float:
-        """The sum of the rewards credited to ``agent``'s actions in this episode
-        (``credited_reward``: also what other agents' steps gave it, e.g. a game's -1 to the
-        loser, which arrives on the winner's move)."""
-        return float(sum(t.credited_reward for t in self.transitions if t.agent == agent))
-
-    @property
-    def num_tokens(self) -> int:
-        """Sampled tokens over all actions of the episode."""
-        return sum(t.num_tokens for t in self.transitions)
-
-    def transcript(self) -> dict[str, Any]:
-        """JSON-safe view for transcript logs."""
-        return {
-            "episode_id": self.episode_id,
-            "group_id": self.group_id,
-            "seed": self.seed,
-            "problem_id": self.problem_id,
-            "team_return": self.team_return,
-            "correct": self.correct,
-            "actions": [
-                {
-                    "turn": t.turn,
-                    "agent": t.agent,
-                    "text": t.text,
-                    "reward": t.reward,
-                    "credited_reward": t.credited_reward,
-                    "team_reward": t.team_reward,
-                    "tokens": t.num_tokens,
-                    "finish_reason": t.finish_reason,
-                    "flags": t.flags,
-                    "prompt": t.extras.get("prompt", []),
-                }
-                for t in self.transitions
-            ],
-        }
-
-
-@dataclass
-class RolloutBatch:
-    """The episodes of one training step plus rollout metrics (namespaced keys).
-
-    ``estimates`` is the trainer's typed store of what it computes per action (old /
-    reference log-probs, token-level values / advantages / returns, cached critic
-    features; see :mod:`marft_algos.estimates`): empty when the collector returns the batch.
-    """
-
-    episodes: list[Episode]
-    metrics: dict[str, float] = field(default_factory=dict)
-    estimates: BatchEstimates = field(default_factory=BatchEstimates, repr=False, compare=False)
-
-    @property
-    def transitions(self) -> list[Transition]:
-        """Every transition, episode by episode, in execution order."""
-        return [t for ep in self.episodes for t in ep.transitions]
-
-    def agent_transitions(self, agent: str, trainable_only: bool = True) -> list[Transition]:
-        """``agent``'s transitions (trainable ones only by default)."""
-        return [t for t in self.transitions if t.agent == agent and (t.trainable or not trainable_only)]
-
-    @property
-    def agents(self) -> list[str]:
-        """The agents that acted, in order of first appearance."""
-        seen: dict[str, None] = {}
-        for t in self.transitions:
-            seen.setdefault(t.agent, None)
-        return list(seen)
-
-    def groups(self) -> dict[int, list[Episode]]:
-        """Episodes by GRPO group id."""
-        out: dict[int, list[Episode]] = defaultdict(list)
-        for ep in self.episodes:
-            out[ep.group_id].append(ep)
-        return dict(out)
-
-    def __len__(self) -> int:
-        return len(self.episodes)
 
 
 def make_sampling(settings: dict[str, Any]) -> Any:
@@ -748,7 +552,7 @@ class RolloutCollector:
             agent=agent,
             prompt_ids=prompt_ids,
             response_ids=response_ids,
-            old_logprobs=logprobs,
+            sampler_logprobs=logprobs,
             temperature=temperature,
             text=text,
             finish_reason=finish,
@@ -872,14 +676,6 @@ class RolloutCollector:
         return m
 
 
-def minibatch_indices(n: int, num_minibatches: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
-    """Shuffle ``range(n)`` with ``rng`` and yield ``num_minibatches`` near-equal index chunks."""
-    order = rng.permutation(n)
-    for chunk in np.array_split(order, min(num_minibatches, max(n, 1))):
-        if len(chunk):
-            yield chunk
-
-
 def component_and_route_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Reward components and route choices of a batch, for metrics.jsonl / TensorBoard.
 
@@ -934,31 +730,3 @@ def overlong_summary(metrics: dict[str, float], suffix: str = "") -> str:
         if k.startswith("agent/") and k.endswith(tail) and v
     ]
     return ", ".join(parts)
-
-
-def grouped_minibatch_indices(keys: Sequence[Any], num_minibatches: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
-    """Like :func:`minibatch_indices` over ``range(len(keys))``, but indices with equal keys
-    (e.g. the segments of one action, ``Transition.action_key``) stay together, in order:
-    the units are shuffled and split."""
-    units: dict[Any, list[int]] = {}
-    for i, k in enumerate(keys):
-        units.setdefault(k, []).append(i)
-    groups = list(units.values())
-    for chunk in minibatch_indices(len(groups), num_minibatches, rng):
-        yield np.asarray([i for j in chunk for i in groups[int(j)]], dtype=np.int64)
-
-
-def iter_minibatches(
-    items: Sequence[Any], num_minibatches: int, rng: np.random.Generator, key: Callable[[Any], Any] | None = None
-) -> Iterator[list[Any]]:
-    """Shuffle ``items`` with ``rng`` and yield ``num_minibatches`` near-equal chunks.
-
-    With ``key``, items with equal keys stay together (:func:`grouped_minibatch_indices`).
-    """
-    chunks = (
-        minibatch_indices(len(items), num_minibatches, rng)
-        if key is None
-        else grouped_minibatch_indices([key(it) for it in items], num_minibatches, rng)
-    )
-    for chunk in chunks:
-        yield [items[int(j)] for j in chunk]

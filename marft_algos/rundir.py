@@ -19,7 +19,6 @@ import contextlib
 import errno
 import json
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,13 +183,11 @@ def _show(v: Any) -> str:
 
 
 def _normalised(saved: dict[str, Any], config: Any) -> dict[str, Any]:
-    """The saved settings as the current config class writes them (renamed settings mapped, defaults filled)."""
+    """The saved settings as the current config class writes them (defaults filled)."""
     if saved.get("algo") != config.algo:
         return dict(saved)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return config_from_dict(type(config), {k: v for k, v in saved.items() if k != "algo"}).to_dict()
+        return config_from_dict(type(config), {k: v for k, v in saved.items() if k != "algo"}).to_dict()
     except (ConfigError, TypeError):
         return dict(saved)
 

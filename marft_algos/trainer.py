@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from marft_algos.algorithm import Algorithm
 from marft_algos.behaviour import Behaviour, temperature_of
-from marft_algos.buffer import AgentBuffer, Minibatch
+from marft_algos.buffer import AgentBuffer, Minibatch, grouped_minibatch_indices
 from marft_algos.callbacks import Callback, default_callbacks, env_fault
 from marft_algos.checkpoint import check_parts, clean_stale
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
@@ -48,13 +48,8 @@ from marft_algos.fsdp import shard_optimizer_states
 from marft_algos.microbatch import micro_batch_rows
 from marft_algos.optim import OptimizerSet, group_key, lr_factor, metric_prefix
 from marft_algos.policy_factory import make_policy
-from marft_algos.rollout import (
-    RolloutBatch,
-    RolloutCollector,
-    Transition,
-    grouped_minibatch_indices,
-    overlong_summary,
-)
+from marft_algos.records import RolloutBatch, Transition
+from marft_algos.rollout import RolloutCollector, overlong_summary
 from marft_algos.rundir import RunDirLock
 from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 

@@ -79,8 +79,7 @@ def test_no_grad_and_reference_passes_do_not_checkpoint():
 def test_config_reaches_the_policy_and_a_step_trains():
     from helpers.tiny_echo import ENV_KWARGS, SAMPLING
 
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.config import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     cfg = GRPOConfig(env_id="echo-duo-v0", env_kwargs=ENV_KWARGS, model="tiny-random", num_envs=4, group_size=2,
                      progress=False, tensorboard=False, sampling_overrides=SAMPLING, activation_checkpointing=True)

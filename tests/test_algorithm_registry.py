@@ -56,8 +56,7 @@ def test_lookup_imports_only_the_algorithm_asked_for() -> None:
 
 
 def test_third_party_registration_by_class_and_by_string() -> None:
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.config import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     @dataclass
     class MyConfig(GRPOConfig):
@@ -74,7 +73,7 @@ def test_third_party_registration_by_class_and_by_string() -> None:
         assert algorithm_name(MyConfig) == "my-grpo" and MyConfig.algo == "my-grpo"
         with pytest.raises(ValueError, match="already registered"):
             register_algorithm("my-grpo", GRPOTrainer)
-        register_algorithm("my-grpo-lazy", "marft_algos.algos.grpo:GRPOTrainer", "marft_algos.config:GRPOConfig", "lazy")
+        register_algorithm("my-grpo-lazy", "marft_algos.algos.grpo:GRPOTrainer", "marft_algos.algos.grpo:GRPOConfig", "lazy")
         assert not ALGORITHMS["my-grpo-lazy"].resolved
         assert get_algorithm("my-grpo-lazy").trainer_cls is GRPOTrainer
         with pytest.raises(TypeError, match="TrainConfig subclass"):

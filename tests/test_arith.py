@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from helpers.timing import MARGIN
 
 from marft_envs.tasks.arith import ArithTask, extract_final_number
 from marft_envs.tasks.echo import EchoTask
@@ -102,7 +103,7 @@ def test_adversarial_grading_is_fast():
     for text in ["\\boxed{" * 100_000, "{" * 500_000, "1" * 1_000_000, "-" * 500_000, "\\boxed{1}" * 50_000, 123, None]:
         start = time.monotonic()
         g = task.grade(text, p)  # type: ignore[arg-type]
-        assert time.monotonic() - start < 2.0 and isinstance(g.correct, bool)
+        assert time.monotonic() - start < MARGIN and isinstance(g.correct, bool)
 
 
 def test_pickle_drops_the_cache():

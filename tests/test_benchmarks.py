@@ -107,16 +107,6 @@ def test_script_is_a_thin_wrapper_of_the_package(lb: ModuleType) -> None:
     assert proc.returncode == 0 and "usage: benchmarks/leaderboard.py" in proc.stdout and "--compare" in proc.stdout
 
 
-def test_former_leaderboard_module_re_exports_the_package(lb: ModuleType) -> None:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a shim, not a deprecation
-        import marft_algos.leaderboard as old
-    assert set(old.__all__) == set(lb.__all__)
-    assert all(getattr(old, name) is getattr(lb, name) for name in lb.__all__)
-
-
 def test_cli_has_the_leaderboard_options(lb: ModuleType) -> None:
     from marft_algos.cli import build_parser
 
@@ -199,8 +189,7 @@ def test_leaderboard_is_reproducible(lb: ModuleType, tmp_path: Path) -> None:
 
 
 def test_leaderboard_compare_and_checkpoint(lb: ModuleType, tmp_path: Path) -> None:
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.config import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     run = tmp_path / "run"
     cfg = GRPOConfig(env_id="arith-duo-v0", model="tiny-random", num_envs=2, group_size=2, steps=1, out_dir=str(run),

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from marft_algos.buffer import AgentBuffer, Minibatch, action_field, token_field
-from marft_algos.estimates import TOKEN_ESTIMATES, BatchEstimates
-from marft_algos.rollout import Transition, iter_minibatches
+from marft_algos.buffer import AgentBuffer, Minibatch, action_field, minibatch_indices, token_field
+from marft_algos.records import TOKEN_ESTIMATES, BatchEstimates, Transition
 
 H = 3
 
@@ -51,7 +50,7 @@ def test_minibatch_tensors_equal_the_old_per_minibatch_padding(extra_width):
     buf = AgentBuffer.from_transitions("speaker", trs, est)
     rng_new, rng_old = np.random.default_rng(5), np.random.default_rng(5)
     new = list(buf.minibatches(3, rng_new))
-    old = list(iter_minibatches(trs, 3, rng_old))
+    old = [[trs[int(j)] for j in idx] for idx in minibatch_indices(len(trs), 3, rng_old)]
     assert [list(mb) for mb in new] == old  # same shuffle, same minibatches, same order
     for mb, ref in zip(new, old, strict=True):
         assert isinstance(mb, Minibatch)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import marft_algos.checkpoint as ckpt_mod
+from marft_algos.algos.grpo import GRPOConfig
+from marft_algos.algos.ippo import IPPOConfig
 from marft_algos.checkpoint import CheckpointError, find_checkpoint, list_checkpoints
-from marft_algos.config import GRPOConfig, IPPOConfig
 
 pytest.importorskip("marft_algos.models")
 from helpers.tiny_echo import ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402

@@ -76,10 +76,12 @@ def test_nested_recovery_flags_set_and_config_file(tmp_path):
     assert (r.enabled, r.warmup, r.kl_max, r.max_rollbacks, r.lr_factor, cfg.critic_lr) == (True, 5, None, 2, 0.25, 1e-3)
     off = build_config(*build_parser().parse_known_args(["train", "--algo", "marft-token", "--recovery", "false"]))
     assert off.recovery.enabled is False
-    with pytest.warns(DeprecationWarning):  # the old flat spelling, as flag and as --set
-        old = build_config(*build_parser().parse_known_args(["train", "--algo", "ippo", "--value-lr", "0.01", "--set", "team_reward=false"]))
-    assert (old.critic_lr, old.reward_source) == (0.01, "agent")
-    # --help lists the nested flags, not the deprecated ones
+    # a pre-release spelling is an unknown option
+    from marft_algos.cli import CLIError
+
+    with pytest.raises(CLIError, match="unknown option '--value-lr' for --algo ippo"):
+        build_config(*build_parser().parse_known_args(["train", "--algo", "ippo", "--value-lr", "0.01"]))
+    # --help lists the nested flags
     from marft_algos.cli import _config_flag_parser
     from marft_algos.registry import get_algorithm
 

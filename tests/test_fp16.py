@@ -15,9 +15,11 @@ pytest.importorskip("marft_algos.models")
 from helpers.marft_echo import echo_kwargs  # noqa: E402  (shaped reward: every step has a signal)
 from helpers.tiny_echo import ENV_KWARGS, SAMPLING, letter_policy  # noqa: E402
 
-from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
+from marft_algos.algos.grpo import (
+    GRPOConfig,  # noqa: E402
+    GRPOTrainer,  # noqa: E402
+)
 from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer  # noqa: E402
-from marft_algos.config import GRPOConfig  # noqa: E402
 
 
 def grpo(dtype: str | None, **kw) -> GRPOTrainer:

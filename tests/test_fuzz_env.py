@@ -6,6 +6,7 @@ import time
 
 import pytest
 from helpers.fuzz import fuzz_steps
+from helpers.timing import MARGIN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -182,7 +183,7 @@ def test_adversarial_latex_on_real_graders(env_id, monkeypatch, data_dir):
         env.reset(seed=0)
         start = time.monotonic()
         env.step(text)
-        assert time.monotonic() - start < 20.0
+        assert time.monotonic() - start < 20.0 + MARGIN  # the graders' hard kill is at 5 s
         info = env.infos["actor"]
         assert env.rewards["actor"] == 0.0 and not info["grade"]["correct"]
         if info["grade"]["timed_out"]:

@@ -7,13 +7,13 @@ import math
 
 from marft_algos.logging import MetricsLogger, agent_metric, read_metrics
 from marft_algos.plotting import plot_learning_curve
-from marft_algos.rollout import Episode, Transition
+from marft_algos.records import Episode, Transition
 
 
 def _episode(eid: int) -> Episode:
     ep = Episode(episode_id=eid, group_id=0, seed=1, problem_id="p/1", team_return=1.0, correct=True)
     ep.transitions.append(
-        Transition(episode_id=eid, group_id=0, index=0, turn=0, agent="a", prompt_ids=[1, 2], response_ids=[3], old_logprobs=[-0.1], text="hi")
+        Transition(episode_id=eid, group_id=0, index=0, turn=0, agent="a", prompt_ids=[1, 2], response_ids=[3], sampler_logprobs=[-0.1], text="hi")
     )
     return ep
 

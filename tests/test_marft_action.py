@@ -19,8 +19,7 @@ import torch
 
 from marft_algos.buffer import AgentBuffer
 from marft_algos.config import ConfigError
-from marft_algos.estimates import BatchEstimates
-from marft_algos.rollout import Episode, RolloutBatch, Transition
+from marft_algos.records import BatchEstimates, Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
 from helpers.marft_checks import assert_learns_echo, reference_action_gae  # noqa: E402
@@ -252,7 +251,7 @@ def test_kl_hard_cut_skips_the_policy_step_not_the_critic_and_logs_per_agent():
     assert m["train/kl_cuts"] == 2
 
 
-def test_old_logprobs_are_the_sampled_ones():
+def test_old_logp_are_the_sampler_logprobs():
     """fp32: the sampler's log-probs are the behaviour policy's (no extra forward); they
     match the training forward, so an unmoved policy has ratio 1 and KL ~ 0."""
     t = MARFTActionTrainer(tiny_config(), policy=letter_policy())
@@ -261,7 +260,7 @@ def test_old_logprobs_are_the_sampled_ones():
     t.estimate(batch)
     t.behaviour.fill(batch, t.agents, reference=t.needs_reference())
     trs = [x for x in batch.transitions if x.trainable]
-    assert trs and all(batch.estimates[x].old_logp == x.old_logprobs for x in trs)
+    assert trs and all(batch.estimates[x].old_logp == x.sampler_logprobs for x in trs)
     m = t.update(batch)
     for a in t.agents:
         assert m[f"agent/{a}/kl"] < 1e-9 and m[f"agent/{a}/action_kl"] < 1e-9

@@ -8,8 +8,7 @@ import torch
 
 from marft_algos.buffer import AgentBuffer
 from marft_algos.config import ConfigError
-from marft_algos.estimates import BatchEstimates
-from marft_algos.rollout import Episode, RolloutBatch, Transition
+from marft_algos.records import BatchEstimates, Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
 from helpers.marft_checks import assert_learns_echo  # noqa: E402

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marft_algos.config import ConfigError, GRPOConfig
+from marft_algos.algos.grpo import GRPOConfig
+from marft_algos.config import ConfigError
 from marft_algos.microbatch import micro_batch_rows
 
 pytest.importorskip("marft_algos.models")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.timing import MARGIN
 
 from marft_algos.models import (
     ALIASES,
@@ -38,7 +39,7 @@ def test_near_miss_alias_fails_fast_with_suggestion():
     t0 = time.perf_counter()
     with pytest.raises(UnknownModelError, match=r"unknown model alias 'smollm2-13m'.*Did you mean 'smollm2-135m'"):
         load_base("smollm2-13m")
-    assert time.perf_counter() - t0 < 5  # no network round trip for a typo
+    assert time.perf_counter() - t0 < 5 + MARGIN  # no network round trip (and retries) for a typo
 
 
 def test_missing_local_path_is_a_clear_error(tmp_path):

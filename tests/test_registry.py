@@ -165,13 +165,11 @@ def test_import_registers_without_loading_data():
 
 
 def test_builtin_table_holds_every_builtin_id_once():
-    import marft_envs.code_envs
     import marft_envs.envs as envs
 
     ids = envs.BUILTIN_ENV_IDS
     assert len(ids) == len(set(ids)) and (BUILTIN | set(envs.CODE_ENV_IDS) | set(envs.GAME_ENV_IDS) | set(envs.TOOL_ENV_IDS)
             | set(envs.TEAM_ENV_IDS) == set(ids))
-    assert marft_envs.code_envs.make_code_env is envs.make_code_env  # the old module re-exports
 
 
 def test_builtin_id_defined_twice_is_an_error():

@@ -124,7 +124,7 @@ def test_token_ids_kept_end_to_end_with_tiny_model():
         assert t.agent == req.role
         assert t.prompt_ids == list(req.prompt_ids)  # the exact context the tokens were sampled in
         assert t.response_ids == list(res.token_ids)  # the exact sampled ids, no re-tokenisation
-        assert len(t.old_logprobs) == len(t.response_ids) and len(t.response_ids) <= 5
+        assert len(t.sampler_logprobs) == len(t.response_ids) and len(t.response_ids) <= 5
         assert t.text == res.text
     # the prompt ids are the chat-templated messages of that agent
     env = env_fn()
@@ -210,7 +210,7 @@ class SlowEnv:
 
 def _records(batch):
     return [
-        (t.episode_id, t.group_id, t.index, t.turn, t.agent, t.prompt_ids, t.response_ids, t.old_logprobs, t.text, t.finish_reason,
+        (t.episode_id, t.group_id, t.index, t.turn, t.agent, t.prompt_ids, t.response_ids, t.sampler_logprobs, t.text, t.finish_reason,
          t.reward, t.credited_reward, t.team_reward, t.done, t.flags, t.info, t.trainable)
         for t in batch.transitions
     ] + [(ep.episode_id, ep.team_return, ep.correct, ep.problem_id, ep.dead_steps) for ep in batch.episodes]

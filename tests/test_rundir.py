@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from marft_algos.algos.grpo import GRPOConfig
 from marft_algos.cli import main
-from marft_algos.config import ConfigError, GRPOConfig
+from marft_algos.config import ConfigError
 from marft_algos.logging import LogFileError, MetricsLogger, read_metrics
 from marft_algos.rundir import LOCK_NAME, RunDirError, RunDirLock
 
@@ -229,7 +230,7 @@ def test_settings_that_make_no_sense_are_refused(kw, expect):
 
 
 def test_nested_part_floats_must_be_finite():
-    from marft_algos.config import MARFTActionConfig
+    from marft_algos.algos.marft_action import MARFTActionConfig
 
     with pytest.raises(ConfigError, match="recovery.kl_max must be a finite number"):
         MARFTActionConfig(recovery={"kl_max": math.nan})

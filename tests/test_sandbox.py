@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from helpers.timing import MARGIN
 
 from marft_envs import sandbox
 from marft_envs.sandbox import (
@@ -122,7 +123,7 @@ def test_run_program_timeout_and_output_cap() -> None:
     t0 = time.monotonic()
     r = run_program("print('start', flush=True)\nwhile True:\n    pass\n", timeout=1.0)
     assert r.timed_out and r.exit_code is not None and r.exit_code < 0
-    assert r.stdout.startswith("start") and time.monotonic() - t0 < 2.5
+    assert r.stdout.startswith("start") and time.monotonic() - t0 < 1.0 + MARGIN
     r = run_program("print('y' * 100000)", timeout=5, max_output=1000)
     assert len(r.stdout) == 1000 and r.output_truncated and r.exit_code == 0
 
@@ -131,7 +132,7 @@ def test_run_program_ends_when_the_program_exits() -> None:
     prog = ("import os, time\nif os.fork() == 0:\n    time.sleep(30)\n"
             "print('parent done', flush=True)\n")
     r = run_program(prog, timeout=5)
-    assert r.exit_code == 0 and not r.timed_out and r.duration < 2.0, r
+    assert r.exit_code == 0 and not r.timed_out, r  # neither the child's 30 s nor the 5 s timeout
 
 
 def test_limits_file_size_and_processes() -> None:

@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.timing import MARGIN
 
 from marft_envs.sandbox import available_levels, run_tests
 from marft_envs.sandbox import core as sandbox_core
 
 TIMEOUT = 1.5  # seconds per hostile run
-MARGIN = 1.0  # allowed overrun: kill, reap and clean-up
+# allowed overrun (kill, reap and clean-up): helpers.timing.MARGIN
 SECRET = "marft-secret-5f3a9c"
 TESTS = ["assert solve(1) == 2", "assert solve(41) == 42"]
 
@@ -68,7 +69,7 @@ def _run(program: str, level: str, tests: list[str] | None = None, **kw):
           f"timed_out={r.timed_out} exit={r.exit_code} error={r.error!r}")
     assert not r.passed and r.n_passed == 0, r
     assert elapsed <= TIMEOUT + MARGIN, f"took {elapsed:.2f}s"
-    deadline = time.monotonic() + 2.0  # pid-namespace teardown is asynchronous
+    deadline = time.monotonic() + MARGIN  # pid-namespace teardown is asynchronous
     while _leftovers(workdir) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _leftovers(workdir) == [], "sandbox processes left behind"

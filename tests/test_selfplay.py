@@ -20,7 +20,7 @@ from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from marft_algos.algos.ippo import IPPOConfig, IPPOTrainer  # noqa: E402
 from marft_algos.evaluation.games import evaluate_vs_opponent, outcome_rates  # noqa: E402
 from marft_algos.evaluation.report import wilson_interval  # noqa: E402
-from marft_algos.rollout import Episode, RolloutBatch, Transition  # noqa: E402
+from marft_algos.records import Episode, RolloutBatch, Transition  # noqa: E402
 from marft_algos.selfplay import OpponentPool, SelfPlaySettings, selfplay_trainer  # noqa: E402
 from marft_envs.games import FixedPlayer, NimEnv, OptimalNimPlayer, RandomPlayer, match_outcomes  # noqa: E402
 

@@ -19,8 +19,7 @@ from marft_envs.tasks.base import Problem
 from marft_envs.workflow import ProblemList
 
 pytest.importorskip("marft_algos.models")
-from marft_algos.algos.grpo import GRPOTrainer  # noqa: E402
-from marft_algos.config import GRPOConfig  # noqa: E402
+from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from marft_algos.rollout import RolloutCollector  # noqa: E402
 
 ALLOWED = ("1", "2")

@@ -12,9 +12,8 @@ import torch
 
 from marft_algos.buffer import AgentBuffer
 from marft_algos.config import ConfigError
-from marft_algos.estimates import BatchEstimates
 from marft_algos.losses import truncated_is_weights
-from marft_algos.rollout import Transition
+from marft_algos.records import BatchEstimates, Transition
 
 pytest.importorskip("marft_algos.models")
 from helpers.marft_echo import ONE_TOKEN, SHAPED, echo_kwargs, letter_policy  # noqa: E402

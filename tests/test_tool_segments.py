@@ -150,8 +150,7 @@ def test_grpo_step_on_tool_segments_trains_with_exact_logprobs():
     the group is made to answer right so the group has signal. GRPO with the turn-level ratio."""
     import torch
 
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.config import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     cfg = GRPOConfig(env_id=ENV, model="tiny-random", num_envs=2, group_size=2, num_minibatches=2, progress=False,
                      tensorboard=False, importance_ratio="turn",
@@ -199,8 +198,8 @@ def test_grpo_step_on_tool_segments_trains_with_exact_logprobs():
         for t in batch.transitions:
             st = pol.sequence_logprobs(t.agent, [t.prompt_ids], [t.response_ids], temperature=t.temperature)
             lp = st.logprobs[0][st.mask[0].bool()]
-            assert lp.shape[0] == len(t.old_logprobs)
-            assert torch.allclose(lp, torch.tensor(t.old_logprobs), atol=1e-4)
+            assert lp.shape[0] == len(t.sampler_logprobs)
+            assert torch.allclose(lp, torch.tensor(t.sampler_logprobs), atol=1e-4)
     before = {a: {k: v.clone() for k, v in pol.adapter_state_dict(a).items()} for a in ("reasoner", "actor")}
     trainer.estimate(batch)
     assert {t.advantage for t in segments} != {0.0}

@@ -8,6 +8,7 @@ import pickle
 import time
 
 import pytest
+from helpers.timing import MARGIN
 
 import marft_envs
 from marft_envs import TextTeamEnv
@@ -57,7 +58,7 @@ def test_calculator_refuses(expr, match):
     start = time.monotonic()
     with pytest.raises(CalculatorError, match=match):
         calculate(expr)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < MARGIN  # bounded work: milliseconds
 
 
 # ------------------------------------------------------------------------- schema
@@ -175,7 +176,7 @@ _INT = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": 
 def test_run_tool_never_raises(fn, args, error, text):
     start = time.monotonic()
     out = run_tool(Tool("t", "d", _INT, fn=fn), args, timeout=0.2, max_output_chars=100)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 0.2 + MARGIN
     assert out.error == error and text in out.content
     assert len(out.content) <= 100 + 80
 
@@ -189,6 +190,23 @@ def test_resolve_tool_names_and_paths():
     assert schema["type"] == "function" and schema["function"]["parameters"]["required"] == ["expression"]
     schema["function"]["name"] = "mutated"  # the tool surface is frozen: a schema is a fresh copy
     assert resolve_tool("calculator").schema()["function"]["name"] == "calculator"
+
+
+def test_builtin_tools_are_a_lazy_table_and_registered_tools_override_them():
+    from marft_envs.tools import base, builtin
+
+    # named by "module:attr" in base's table: base imports no tool module for its side effect
+    assert base.BUILTIN_TOOLS == {name: f"marft_envs.tools.builtin:{name}_tool" for name in ("calculator", "python", "search")}
+    assert all(base.TOOLS[name] == path for name, path in base.BUILTIN_TOOLS.items())
+    for name, path in base.BUILTIN_TOOLS.items():
+        tool = resolve_tool(name)
+        assert tool.name == name and tool.schema() == getattr(builtin, path.split(":")[1])().schema()
+    mine = Tool("calculator", "mine", _INT, fn=lambda x: str(x))
+    base.register_tool(mine)
+    try:
+        assert resolve_tool("calculator") is mine
+    finally:
+        base.TOOLS["calculator"] = base.BUILTIN_TOOLS["calculator"]
 
 
 @pytest.mark.slow

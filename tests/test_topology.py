@@ -6,6 +6,7 @@ import json
 import pickle
 
 import pytest
+from helpers.timing import MARGIN
 
 from marft_envs import (
     DAG,
@@ -160,7 +161,7 @@ def test_routed_parsing_is_linear_on_adversarial_text():
     for text in ["route" + " " * 20_000, "ROUTE: " * 5000, "route to " * 3000, "(" * 20_000]:
         start = time.monotonic()
         ROUTED.route(text)
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < MARGIN  # milliseconds when linear, minutes if quadratic
 
 
 @pytest.mark.parametrize("topology", [Chain(["a", "b"]), Independent(["a", "b"]), DAG({"a": [], "b": ["a"]}), ROUTED])

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from marft_algos.config import ConfigError, GRPOConfig
-from marft_algos.rollout import Episode, RolloutBatch, Transition
+from marft_algos.algos.grpo import GRPOConfig
+from marft_algos.config import ConfigError
+from marft_algos.records import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
 from helpers.tiny_echo import CHANCE, echo_config, letter_policy  # noqa: E402
@@ -43,7 +44,7 @@ def batch_from_returns(returns_by_group: list[list[float]], agents=("speaker", "
 
 def test_group_relative_advantages_closed_form(trainer):
     batch = batch_from_returns([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 0.5]])
-    trainer.config.normalize = "global"
+    trainer.config.normalize_advantages = "group"
     trainer.estimate(batch)
     for ep in batch.episodes:
         group = [e.team_return for e in batch.episodes if e.group_id == ep.group_id]

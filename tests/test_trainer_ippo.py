@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from marft_algos.config import ConfigError, IPPOConfig
-from marft_algos.rollout import Episode, RolloutBatch, Transition
+from marft_algos.algos.ippo import IPPOConfig
+from marft_algos.config import ConfigError
+from marft_algos.records import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
 from helpers.tiny_echo import CHANCE, echo_config, letter_policy  # noqa: E402
@@ -43,7 +44,7 @@ def make_batch(chains: dict[str, list[list[tuple[float, float]]]]) -> RolloutBat
                     ep.transitions.append(
                         Transition(
                             episode_id=e, group_id=e, index=len(ep.transitions), turn=k, agent=agent,
-                            prompt_ids=[1], response_ids=[2], old_logprobs=[-1.0], team_reward=r, reward=r, credited_reward=r, value=v,
+                            prompt_ids=[1], response_ids=[2], sampler_logprobs=[-1.0], team_reward=r, reward=r, credited_reward=r, value=v,
                             done=k == len(chains[agent][e]) - 1,
                         )
                     )

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from marft_algos import losses
+from marft_algos.buffer import grouped_minibatch_indices, minibatch_indices
 from marft_algos.config import ConfigError
-from marft_algos.rollout import Transition, iter_minibatches
+from marft_algos.records import Transition
 
 # Three rows: rows 0 and 1 are two segments of one action (a tool call, then the answer),
 # row 2 is another action. Token log-ratios (logp - old): [0.2, 0.0], [0.4, pad], [0.0, 0.5].
@@ -63,22 +64,22 @@ def test_turn_equals_sequence_when_every_action_has_one_segment():
 
 def _tr(eid: int, index: int, action_index: int) -> Transition:
     return Transition(episode_id=eid, group_id=0, index=index, turn=0, agent="a", prompt_ids=[1],
-                      response_ids=[2], old_logprobs=[0.0], action_index=action_index)
+                      response_ids=[2], sampler_logprobs=[0.0], action_index=action_index)
 
 
 def test_minibatches_keep_the_segments_of_an_action_together():
     # episode 0: action (0, 1, 2 segments), action 3; episode 1: action 0, action (1, 2)
     items = [_tr(0, 0, 0), _tr(0, 1, 0), _tr(0, 2, 0), _tr(0, 3, 3), _tr(1, 0, 0), _tr(1, 1, 1), _tr(1, 2, 1)]
     for seed in range(5):
-        mbs = list(iter_minibatches(items, 3, np.random.default_rng(seed), key=lambda t: t.action_key))
+        chunks = grouped_minibatch_indices([t.action_key for t in items], 3, np.random.default_rng(seed))
+        mbs = [[items[int(j)] for j in idx] for idx in chunks]
         assert sorted((t.episode_id, t.index) for mb in mbs for t in mb) == sorted((t.episode_id, t.index) for t in items)
         where = {t.action_key: k for k, mb in enumerate(mbs) for t in mb}
         for k, mb in enumerate(mbs):
             assert all(where[t.action_key] == k for t in mb)
-    # without a key: exactly the previous shuffle
-    plain = list(iter_minibatches(items, 3, np.random.default_rng(0)))
-    order = np.random.default_rng(0).permutation(len(items))
-    assert [t for mb in plain for t in mb] == [items[int(j)] for j in order]
+    # one unit per index: exactly the plain shuffle
+    plain = [int(j) for idx in minibatch_indices(len(items), 3, np.random.default_rng(0)) for j in idx]
+    assert plain == np.random.default_rng(0).permutation(len(items)).tolist()
 
 
 def test_importance_ratio_setting_is_checked():

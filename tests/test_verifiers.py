@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
 import statistics
 import threading
 import time
 
 import pytest
+from helpers.timing import MARGIN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,10 +18,9 @@ from marft_envs.tasks.base import GradeResult
 from marft_envs.verifiers.graders import _run_hook
 from marft_envs.verifiers.mathcore import math_equal, normalize_latex
 
-# Wall-clock slack over the timeout: the kill itself takes milliseconds, but these
-# tests share 2 cores with other suites (load average ~9 seen); a hung call would
-# overshoot by far more (the hooks sleep 30 s).
-MARGIN = float(os.environ.get("MARFT_TIMING_MARGIN", "2.0"))
+# Wall-clock slack over the timeout is helpers.timing.MARGIN: the kill itself takes
+# milliseconds, but these tests share 2 cores with other suites (load average ~9 seen); a
+# hung call would overshoot by far more (the hooks sleep 30 s).
 
 
 # ---------------------------------------------------------------- extraction

@@ -44,7 +44,6 @@ TEXT_ENV_ENTRIES = (
     "marft_envs.text_env:env",
     "marft_envs.text_env:TextTeamEnv",
     "marft_envs.envs:make_code_env",
-    "marft_envs.code_envs:make_code_env",  # the entry point before the code envs moved
 )
 
 # Families whose task module is chosen by another kwarg (``dataset=``): its docs too.
@@ -260,7 +259,7 @@ def _doc_module(spec: Any) -> str:
     )
     module = ep.split(":")[0]
     task = spec.kwargs.get("task")
-    if ep in ("marft_envs.envs:make_code_env", "marft_envs.code_envs:make_code_env"):
+    if ep == "marft_envs.envs:make_code_env":
         return "marft_envs.tasks.code"
     if ep in ("marft_envs.text_env:env", "marft_envs.text_env:TextTeamEnv") and isinstance(
         task, str

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from marft_algos.rollout import RolloutBatch, Transition
+    from marft_algos.records import RolloutBatch, Transition
 
 __all__ = ["ActionValueEstimation", "Critic"]
 

@@ -19,8 +19,6 @@ are those the advantages use: team returns, or each agent's own with
 
 from __future__ import annotations
 
-import typing
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,13 +28,12 @@ from marft_algos.algorithm import Algorithm, PPOPolicy
 from marft_algos.config import (
     ConfigError,
     PPOLossConfig,
-    Renamed,
     TrainConfig,
     check_normalization,
     with_default,
 )
+from marft_algos.records import Episode, RolloutBatch, Transition
 from marft_algos.reward_source import RewardSourceSetting
-from marft_algos.rollout import Episode, RolloutBatch, Transition
 from marft_algos.trainer import Trainer
 
 __all__ = ["GRPO", "GRPOConfig", "GRPOTrainer"]
@@ -61,13 +58,7 @@ class GRPOConfig(PPOLossConfig, TrainConfig):
     dynamic_sampling: bool = field(default=False, metadata={"help": "DAPO dynamic sampling: drop groups whose rewards are all equal and resample."})
     max_resample_tries: int = field(default=3, metadata={"help": "Extra collection rounds to fill the batch when dynamic sampling drops groups."})
 
-    # the old normalize="global" is normalize_advantages="group"
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"normalize": ("normalize_advantages", lambda v: "group" if v == "global" else v)}
-
     def __post_init__(self) -> None:
-        if self.normalize_advantages == "global":
-            warnings.warn("normalize_advantages='global' is deprecated; use 'group'", DeprecationWarning, stacklevel=3)
-            self.normalize_advantages = "group"
         super().__post_init__()
         if self.group_size < 2:
             raise ConfigError(f"GRPO needs group_size >= 2 (a group-relative baseline of one sample is 0), got {self.group_size}")

@@ -21,8 +21,6 @@ loss of that agent's head; the head has its own optimizer (``__value__/<agent>``
 
 from __future__ import annotations
 
-import typing
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,15 +34,14 @@ from marft_algos.config import (
     ConfigError,
     CriticConfig,
     PPOLossConfig,
-    Renamed,
     TrainConfig,
     check_normalization,
     with_default,
 )
 from marft_algos.losses import explained_variance
 from marft_algos.optim import value_key
+from marft_algos.records import RolloutBatch, Transition
 from marft_algos.reward_source import RewardSourceSetting
-from marft_algos.rollout import RolloutBatch, Transition
 from marft_algos.trainer import Trainer
 
 __all__ = ["IPPO", "IPPOConfig", "IPPOTrainer"]
@@ -65,13 +62,7 @@ class IPPOConfig(CriticConfig, PPOLossConfig, TrainConfig):
     normalize_advantages: str = field(default="agent", metadata={"help": "'agent' (whiten per agent within the batch), 'batch' (over all trainable actions) or 'none'."})
     value_loss: str = with_default(CriticConfig, "value_loss", "mse")
 
-    # the old team_reward=True/False is reward_source="team"/"agent"
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = {"team_reward": ("reward_source", lambda b: "team" if b else "agent")}
-
     def __post_init__(self) -> None:
-        if isinstance(self.normalize_advantages, bool):  # the old bool: per agent or off
-            warnings.warn("normalize_advantages=True/False is deprecated; use 'agent'/'none'", DeprecationWarning, stacklevel=3)
-            self.normalize_advantages = "agent" if self.normalize_advantages else "none"
         super().__post_init__()
         if not (0 <= self.gamma <= 1):
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")

@@ -10,7 +10,6 @@ advantage estimator and losses: :mod:`marft_algos.algos.marft_action` and
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,13 +24,12 @@ from marft_algos.config import (
     CriticConfig,
     PPOLossConfig,
     RecoveryConfig,
-    Renamed,
     TrainConfig,
     check_at_least,
     check_normalization,
 )
 from marft_algos.optim import CRITIC_KEY
-from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.records import RolloutBatch, Transition
 
 __all__ = ["MARFTBase", "MARFTConfig"]
 
@@ -39,11 +37,6 @@ __all__ = ["MARFTBase", "MARFTConfig"]
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
-
-
-def _recovery_renames() -> dict[str, Renamed]:
-    """``recovery_<x>`` (flat, before) -> ``recovery.<x>`` (the nested part)."""
-    return {f"recovery_{f.name}": (f"recovery.{f.name}", None) for f in dataclasses.fields(RecoveryConfig) if f.name != "enabled"}
 
 
 @dataclass
@@ -67,8 +60,6 @@ class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
     agent_interval: int = field(default=1, metadata={"help": "Updates per agent turn in agent-by-agent mode."})
     # --- collapse recovery ---------------------------------------------------------
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig, metadata={"help": "Collapse recovery (nested: recovery.<setting>=...; recovery=false switches it off)."})
-
-    renamed_settings: typing.ClassVar[dict[str, Renamed]] = _recovery_renames()
 
     def chain_discounts(self) -> dict[str, float]:
         """The chain's hop discounts as keyword arguments of the estimators in :mod:`marft_algos.advantages`."""

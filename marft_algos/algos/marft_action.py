@@ -43,7 +43,7 @@ from marft_algos.algos.critic import ActionValueEstimation
 from marft_algos.algos.marft import MARFTBase, MARFTConfig, _check
 from marft_algos.buffer import action_field
 from marft_algos.losses import explained_variance
-from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.records import RolloutBatch, Transition
 from marft_algos.trainer import Trainer
 
 __all__ = ["MARFTAction", "MARFTActionConfig", "MARFTActionTrainer"]

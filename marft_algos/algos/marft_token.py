@@ -34,7 +34,7 @@ from marft_algos import losses
 from marft_algos.algos.marft import MARFTBase, MARFTConfig, _check
 from marft_algos.buffer import Minibatch, fit_width, token_field
 from marft_algos.losses import explained_variance
-from marft_algos.rollout import RolloutBatch, Transition
+from marft_algos.records import RolloutBatch, Transition
 from marft_algos.trainer import Trainer
 
 __all__ = ["MARFTToken", "MARFTTokenConfig", "MARFTTokenTrainer"]

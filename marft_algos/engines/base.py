@@ -33,20 +33,36 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from marft_algos.models.sampling import FinishReason, GenRequest, GenResult, SamplingParams
 
-if TYPE_CHECKING:
-    from marft_algos.models.policy import TeamPolicy
-
-__all__ = ["FinishReason", "GenRequest", "GenResult", "GenerationEngine", "OnDone", "SamplingParams"]
+__all__ = ["FinishReason", "GenRequest", "GenResult", "GenerationEngine", "OnDone", "PolicyLike", "SamplingParams"]
 
 #: ``on_done(key, result)`` of :meth:`GenerationEngine.generate_stream`: the follow-up
 #: ``(key, request)`` pairs to submit (or None)
 OnDone = Callable[[Any, GenResult], "Iterable[tuple[Hashable, GenRequest]] | None"]
+
+
+class PolicyLike(Protocol):
+    """What any engine may rely on in the policy it serves (:class:`~marft_algos.models.policy.TeamPolicy`
+    is one). The base class types against this instead of importing the policy's module, which
+    builds its engine through :mod:`marft_algos.engines` (an import circle otherwise); an engine
+    that needs more of the policy (the ``hf`` engine: its loaded bases) types against ``TeamPolicy``."""
+
+    roles: list[str]
+    mode: str
+    max_batch: int
+
+    def adapter_of(self, role: str) -> str | None:
+        """The adapter name ``role`` samples with (None in full fine-tuning)."""
+        ...
+
+    def load_adapter_state_dict(self, role: str, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy weights into ``role``'s adapter in place."""
+        ...
 
 
 def check_stream_request(key: Hashable, request: GenRequest) -> None:
@@ -66,7 +82,7 @@ def _round_seeds(seed: int) -> Iterator[int]:
 
 
 class GenerationEngine(abc.ABC):
-    """A rollout engine bound to one :class:`~marft_algos.models.policy.TeamPolicy`.
+    """A rollout engine bound to one team policy (a :class:`PolicyLike`, e.g. :class:`~marft_algos.models.policy.TeamPolicy`).
 
     Subclasses implement :meth:`generate` and :meth:`set_adapter_weights`; the other
     methods have defaults that fit an engine sharing the policy's weights in memory.
@@ -85,7 +101,7 @@ class GenerationEngine(abc.ABC):
     #: truncated importance ratio (:meth:`marft_algos.trainer.Trainer.tis_weights`)
     logprobs_exact: bool = True
 
-    def __init__(self, policy: TeamPolicy) -> None:
+    def __init__(self, policy: PolicyLike) -> None:
         self.policy = policy
 
     @abc.abstractmethod

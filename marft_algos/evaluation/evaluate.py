@@ -20,7 +20,7 @@ from marft_algos.evaluation.policies import check_roles, checkpoint_env, checkpo
 from marft_algos.evaluation.report import wilson_interval
 
 if TYPE_CHECKING:
-    from marft_algos.rollout import Episode
+    from marft_algos.records import Episode
 
 _log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ See ``docs/tools.md``.
 """
 
 from marft_envs.tools.base import (
+    BUILTIN_TOOLS,
     TOOLS,
     Tool,
     ToolContext,
@@ -45,6 +46,7 @@ from marft_envs.tools.parsers import (
 from marft_envs.tools.schema import SchemaError, validate
 
 __all__ = [
+    "BUILTIN_TOOLS",
     "PARSERS",
     "TOOLS",
     "TOOL_ERRORS",

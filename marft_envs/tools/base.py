@@ -34,6 +34,7 @@ from typing import Any
 from marft_envs.tools.schema import check_schema, validate
 
 __all__ = [
+    "BUILTIN_TOOLS",
     "TOOLS",
     "Tool",
     "ToolContext",
@@ -139,8 +140,24 @@ class Tool:
         return self  # frozen: a copy is the same tool
 
 
-#: Registered tools by name: a Tool or a zero-argument factory returning one.
-TOOLS: dict[str, Tool | Callable[[], Tool]] = {}
+#: The built-in tools by name, as lazy ``"module:attr"`` factories (the algorithm registry's
+#: style): naming one imports :mod:`marft_envs.tools.builtin` only then, and this module
+#: imports no tool module, so it sits in no import circle.
+BUILTIN_TOOLS: dict[str, str] = {
+    "calculator": "marft_envs.tools.builtin:calculator_tool",
+    "python": "marft_envs.tools.builtin:python_tool",
+    "search": "marft_envs.tools.builtin:search_tool",
+}
+
+#: Registered tools by name: a Tool, a zero-argument factory returning one, or the
+#: ``"module:attr"`` path of either (the built-ins start here as such paths).
+TOOLS: dict[str, Tool | Callable[[], Tool] | str] = dict(BUILTIN_TOOLS)
+
+
+def _load(path: str) -> Any:
+    """The object a ``"module:attr"`` path names (its module imported on demand)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def register_tool(tool: Tool | Callable[[], Tool], name: str | None = None) -> None:
@@ -159,15 +176,12 @@ def resolve_tool(spec: Tool | str) -> Tool:
         raise TypeError(f"a tool is given by name, 'module:attr' or as a Tool, got {type(spec).__name__}")
     if spec in TOOLS:
         obj: Any = TOOLS[spec]
+        if isinstance(obj, str):
+            obj = _load(obj)
     elif ":" in spec:
-        module, attr = spec.split(":", 1)
-        obj = getattr(importlib.import_module(module), attr)
+        obj = _load(spec)
     else:
-        import marft_envs.tools.builtin  # noqa: F401  (registers the built-in tools)
-
-        if spec not in TOOLS:
-            raise ValueError(f"unknown tool {spec!r}; registered tools: {sorted(TOOLS)}, or give 'module:attr'")
-        obj = TOOLS[spec]
+        raise ValueError(f"unknown tool {spec!r}; registered tools: {sorted(TOOLS)}, or give 'module:attr'")
     tool = obj if isinstance(obj, Tool) else obj()
     if not isinstance(tool, Tool):
         raise TypeError(f"tool {spec!r} resolved to {type(tool).__name__}, not a Tool")

@@ -13,13 +13,16 @@ the program gets :data:`PYTHON_TIMEOUT` seconds and :data:`PYTHON_MEMORY_MB` MB
 in the strongest isolation the machine offers. ``search`` needs a task with a
 ``search_documents(query, k, problem)`` method (:class:`~marft_envs.tasks.rag.RAGTask`);
 on other tasks it answers with an error message.
+
+Profiles name them through :data:`marft_envs.tools.base.BUILTIN_TOOLS`, which points at the
+factories below; this module registers nothing on import.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from marft_envs.tools.base import Tool, ToolContext, ToolError, ToolTimeoutError, register_tool
+from marft_envs.tools.base import Tool, ToolContext, ToolError, ToolTimeoutError
 from marft_envs.tools.calculator import CalculatorError, calculate
 
 __all__ = ["PYTHON_MEMORY_MB", "PYTHON_TIMEOUT", "calculator_tool", "python_tool", "search_tool"]
@@ -108,13 +111,3 @@ def search_tool() -> Tool:
         fn=_search,
         pass_context=True,
     )
-
-
-def _register() -> None:
-    for factory in (calculator_tool, python_tool, search_tool):
-        register_tool(factory, factory().name)
-
-
-_register()
-
-
