@@ -184,6 +184,7 @@ class ToolLoop:
         self._run = 0  # consecutive hand-offs alternating between one pair
         self._turn_loops = 0
         self._turn_steps: dict[str, int] = {}
+        self._fresh = True  # no step yet in this episode
 
     def budget(self, agent: str) -> int:
         """Calls ``agent`` may write per turn."""
@@ -256,6 +257,11 @@ class ToolLoop:
     def step(self, env: Any, agent: str, text: str, flags: list[str]) -> dict[str, Any] | None:
         """Handle ``agent``'s segment ``text``. Returns the info of a tool continuation (the
         same agent acts again), or ``None`` when ``text`` is the agent's action of the turn."""
+        if self._fresh:  # first step of an episode: a task that keeps what tools showed forgets it
+            self._fresh = False
+            start = getattr(getattr(env, "task", None), "start_tool_episode", None)
+            if callable(start):
+                start()
         if not self.enabled:
             return None
         self._turn_steps[agent] = self._turn_steps.get(agent, 0) + 1
