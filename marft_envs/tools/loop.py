@@ -24,6 +24,7 @@ the same two agents more than twice, counted over the episode's hand-offs).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ from marft_envs.tools.base import Tool, ToolContext, ToolOutcome, resolve_tools,
 from marft_envs.tools.parsers import get_parser
 
 __all__ = ["TOOL_ERRORS", "ToolConfig", "ToolLoop", "ToolRewardConfig"]
+
+_NAME_RE = re.compile(r"[^A-Za-z0-9_.-]")
 
 #: Error kinds of a call; each is a flag in ``info`` and a counter in ``env.stats``.
 TOOL_ERRORS = (
@@ -225,8 +228,13 @@ class ToolLoop:
 
     @staticmethod
     def tool_message(outcome: ToolOutcome) -> dict[str, str]:
-        """The ``tool`` chat message carrying one call's result."""
-        return {"role": "tool", "name": outcome.name or "unknown", "content": outcome.content}
+        """The ``tool`` chat message carrying one call's result.
+
+        Its ``name`` is the tool's name for a known tool; a name the model made up keeps only
+        tool-name characters (``[A-Za-z0-9_.-]``, others become ``_``), so a template that
+        renders names cannot be handed ``<|im_start|>``; the error text quotes it literally."""
+        name = _NAME_RE.sub("_", outcome.name or "")[:64] or "unknown"
+        return {"role": "tool", "name": name, "content": outcome.content}
 
     def transcript_text(self, agent: str) -> str:
         """The same exchange as plain text (for ``observe()["prompt"]``)."""
