@@ -19,8 +19,13 @@ only the documents the filter kept and answers. Who sees which documents is
 ``doc_view`` (role -> ``"none"`` | ``"retrieve"`` | ``"named"``): ``retrieve``
 shows the top ``k`` documents for the queries in the latest teammate's reply
 (or for the question when no teammate acted), ``named`` shows the documents
-whose ids the latest teammate named that named any (an agent with no teammates
-before it retrieves for the question). Roles not in ``doc_view`` retrieve.
+whose ids the latest teammate named that named any, keeping only documents that
+teammate was shown in this episode (by its own view or its own ``search``
+calls): naming an id never reveals a document no retrieval surfaced (an agent
+with no teammates before it retrieves for the question). Roles not in
+``doc_view`` retrieve. The ids each agent's ``search`` calls returned are episode
+state of the task (copied with the env, cleared by :meth:`RAGTask.start_tool_episode`),
+so one ``RAGTask`` instance serves one env.
 
 **Grading.** The answer is the text after the last ``Answer:`` (else the last
 ``\\boxed{}``, else the last non-empty line), compared with every gold alias

@@ -14,6 +14,10 @@ at most ``budget + 1`` times per turn; calls past the budget are not run and
 are answered with a ``tool_budget_exhausted`` message (and if the agent's
 budget was already spent, its segment ends its turn, flagged).
 
+At the first step of each episode the loop calls the task's optional
+``start_tool_episode()`` (a task that records what its tools showed, like
+:class:`~marft_envs.tasks.rag.RAGTask`, forgets the previous episode's).
+
 Per graded turn the loop adds reward components (:class:`ToolRewardConfig`)
 and ``info`` keys ``agent_metrics`` (per agent: ``steps``, ``tool_calls``,
 ``tool_errors``, ``tool_error_rate``, ``tokens``), ``tool_selection_accuracy``
