@@ -133,7 +133,11 @@ def test_quartet_passes_documents_by_id():
     sel = env.observe("selector")["prompt"]
     assert "Documents:" in sel and f"[{first}]" in sel
     assert env.tools("selector")[0]["function"]["name"] == "search" and env.tools("filter") == []
-    env.step(f"Useful: {first}, {second}, D99999")  # an unknown id is ignored
+    if f"[{second}]" not in sel:  # not retrieved for the selector: it must find it by search to name it
+        title = env.task.documents(p)[int(second[1:])].title
+        env.step('<tool_call>{"name": "search", "arguments": {"query": "' + title + '", "k": 3}}</tool_call>')
+        assert f"[{second}]" in env.infos["selector"]["tool_messages"][0]["content"]
+    env.step(f"Useful: {first}, {second}, D99999")  # an unknown id is ignored (and flagged at grading)
     filt = env.observe("filter")["prompt"].split("Documents:\n", 1)[1]
     assert [line.split("]")[0] + "]" for line in filt.splitlines()[:2]] == [f"[{first}]", f"[{second}]"]
     env.step(f"Keep {second}")
@@ -143,8 +147,10 @@ def test_quartet_passes_documents_by_id():
     info = env.infos["generator"]
     assert info["grade"]["correct"] and info["grade"]["details"]["f1"] == 1.0
     assert info["grade"]["details"]["docs_shown"] == 1 and info["grade"]["details"]["support_recall"] == 0.5
+    assert info["grade"]["details"]["unseen_doc_ids"] == 1 and "unseen_doc_ids" in info["flags"]
     assert info["reward_components"]["partial"] == 1.0 and info["reward_components"]["outcome"] == 0.0
-    assert info["team_reward"] == pytest.approx(1.0 + info["reward_components"]["tokens"])
+    comps = info["reward_components"]
+    assert info["team_reward"] == pytest.approx(1.0 + comps["tokens"] + comps["tool_calls"])
 
 
 def test_quartet_with_no_selection_shows_no_documents():
@@ -222,3 +228,55 @@ def test_loader_errors_say_what_to_do(tmp_path, monkeypatch):
         RAGTask("hotpotqa", "test", data_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown RAG dataset"):
         RAGTask("squad")
+
+
+# ------------------------------------------------------------------------------ named ids (issue 28, item 12)
+def _shown(prompt: str) -> list[str]:
+    """The ids listed in a view's documents section."""
+    if "Documents:\n" not in prompt:
+        return []
+    return [line.split("]")[0][1:] for line in prompt.split("Documents:\n", 1)[1].splitlines() if line.startswith("[D")]
+
+
+def test_naming_a_corpus_id_never_reveals_an_unseen_document():
+    """The selector names every support document, the rewriter names ids too: only ids that
+    agent was shown reach the filter; the others are counted and flagged."""
+    env = marft_envs.make("rag-quartet-v0")
+    env.reset(options={"problem_index": 1})
+    p = env.problem
+    unseen = [d.id for d in env.task.documents(p)][:40]
+    env.step("query: " + p.question + "\n" + " ".join(unseen))  # the rewriter is shown nothing
+    sel_ids = _shown(env.observe("selector")["prompt"])
+    hidden = [i for i in p.meta["support"] if i not in sel_ids]
+    assert hidden  # problem 1's second support document is not retrieved for the selector
+    env.step("Useful: " + ", ".join(hidden + sel_ids[:1]))
+    filt = _shown(env.observe("filter")["prompt"])
+    assert filt == sel_ids[:1]  # before the fix: the hidden support documents were shown too
+    env.step("Keep " + " ".join(hidden))  # the filter was not shown them either: nothing is kept
+    gen = _shown(env.observe("generator")["prompt"])
+    assert not set(hidden) & set(gen)  # what the generator reads comes from the selector's shown pick
+    env.step("Answer: x")
+    details = env.infos["generator"]["grade"]["details"]
+    assert details["unseen_doc_ids"] >= len(unseen) and "unseen_doc_ids" in env.infos["generator"]["flags"]
+    assert details["docs_shown"] == len(gen) and details["support_recall"] <= 0.5
+
+
+def test_searched_documents_may_be_named_in_that_episode_only():
+    env = marft_envs.make("rag-quartet-v0")
+    env.reset(options={"problem_index": 1})
+    p = env.problem
+    second = p.meta["support"][1]
+    title = env.task.documents(p)[int(second[1:])].title
+    env.step("query: " + p.question)
+    env.step('<tool_call>{"name": "search", "arguments": {"query": "' + title + '", "k": 3}}</tool_call>')
+    env.step(f"Useful: {second}")
+    assert _shown(env.observe("filter")["prompt"]) == [second]
+    copy = __import__("copy").deepcopy(env)  # a copy keeps what the episode showed
+    assert _shown(copy.observe("filter")["prompt"]) == [second]
+    restored = __import__("pickle").loads(__import__("pickle").dumps(env))
+    assert _shown(restored.observe("filter")["prompt"]) == [second]
+    # A new episode on the same problem: the earlier search does not count.
+    env.reset(options={"problem_index": 1})
+    env.step("query: " + p.question)
+    env.step(f"Useful: {second}")
+    assert "Documents: none were selected." in env.observe("filter")["prompt"]

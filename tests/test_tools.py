@@ -367,3 +367,35 @@ def test_continuation_ids_match_a_full_render():
     for sampled in (tok.encode(seg, add_special_tokens=False) + [tok.eos_token_id], tok.encode(seg, add_special_tokens=False)):
         got = list(prompt_ids) + sampled + continuation_ids(tok, sampled, tool_msgs)
         assert got == list(want)
+
+
+# ------------------------------------------------------------------------- invalid Unicode (issue 28, item 12)
+@pytest.mark.parametrize("seg", [
+    '<tool_call>{"name": "calc\\ud800", "arguments": {"expression\\udfff": "1+\\ud83d"}}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "1+\\udc00"}}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"\\\\ud800\\"}"}</tool_call>',
+    '[TOOL_CALLS] [{"name": "\\udbff", "arguments": {}}]',
+])
+def test_lone_surrogates_in_a_call_stay_out_of_messages(seg):
+    """JSON escapes of lone surrogates decode to strings that are not valid UTF-8; they must
+    not reach the tool message, env.messages(), the info or a tokenizer."""
+    from marft_algos.models.tiny import build_tiny_tokenizer
+    from marft_envs.tools import get_parser
+
+    parser = "mistral" if seg.startswith("[") else "hermes"
+    for c in get_parser(parser).parse(seg).calls:  # what a tool receives is valid UTF-8 too
+        (c.name + json.dumps(c.arguments, ensure_ascii=False) + c.raw + (c.error or "")).encode("utf-8")
+    env = _calc_env(tool_config={"parser": parser})
+    env.reset(seed=0)
+    env.step("think")
+    env.step(seg)
+    info = env.infos["actor"]
+    assert info["tool_turn"] and {"unknown_tool", "bad_tool_arguments", "tool_raised"} & set(info["flags"])
+    for m in env.messages("actor"):
+        for v in m.values():
+            v.encode("utf-8")  # before the fix: UnicodeEncodeError (surrogates not allowed)
+    json.dumps(info, ensure_ascii=False).encode("utf-8")
+    tok = build_tiny_tokenizer()
+    tok.apply_chat_template(env.messages("actor"), tokenize=True)
+    env.step("\\boxed{1}")
+    assert "team_reward" in env.infos["actor"]

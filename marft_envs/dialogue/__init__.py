@@ -51,7 +51,10 @@ candidate named), ``outcome`` (``win`` / ``loss``), ``case_id``, ``flags``.
 **Cases.** ``cases="procedural"`` (default, offline):
 :func:`~marft_envs.dialogue.cases.generate_case`, seeded and deterministic per
 ``(split, problem_index)``; knobs ``n_candidates`` (4), ``noise`` (0.3: optional symptoms
-dropped) and ``confusable`` (True: the other candidates share the opening complaint).
+dropped) and ``confusable`` (True: every candidate lists the opening complaint and the
+condition is uniform among the candidates, so a doctor who asks nothing is right
+``1 / n_candidates`` of the time; refused for ``n_candidates > 6``, since no symptom is
+shared by more conditions; False: random other candidates, often solvable without asking).
 ``cases="symptom_to_diagnosis"`` loads Gretel's ``gretelai/symptom_to_diagnosis`` from the
 Hub (internet; fields ``input_text`` / ``output_text``) or ``<data_dir>/symptom_to_diagnosis/<split>.jsonl``;
 ``cases_path=`` reads any JSONL with those two fields. See :mod:`marft_envs.dialogue.cases`.

@@ -8,8 +8,19 @@ A :class:`Case` is what the simulated patient knows: the hidden ``condition``, t
 * :func:`generate_case` (default, offline): seeded and deterministic; conditions from
   :data:`CONDITIONS`, each with core symptoms (always present) and optional ones
   (present with probability ``1 - noise``); difficulty knobs: ``n_candidates`` (how many
-  conditions to choose from), ``noise``, and ``confusable`` (candidates that share the
-  opening complaint, so the doctor must ask distinguishing questions).
+  conditions to choose from), ``noise``, and ``confusable`` (default True: EVERY candidate
+  lists the opening complaint among its symptoms and the condition is drawn uniformly
+  among the candidates, so before the first question each candidate is equally likely and
+  a doctor who asks nothing is right ``1 / n_candidates`` of the time). To make that hold,
+  a confusable case draws its opening first, from the symptoms that at least
+  ``n_candidates`` conditions list (:func:`confusable_openings`: fever, cough, sudden
+  onset, headache, fatigue for 4; fever and headache for 6), and the opening may be an
+  optional symptom of the condition (the patient then has it). No symptom is shared by
+  more than 6 conditions, so ``confusable=True`` with ``n_candidates > 6`` is refused
+  with a ValueError; eczema (whose symptoms are shared by at most 3 conditions) is never
+  a candidate of a confusable case with 4 or more candidates. ``confusable=False``:
+  the condition is drawn uniformly, the opening from its core symptoms and the other
+  candidates at random (often none of them explains the opening: an easy setting).
 * :func:`load_cases` (users with internet, or local JSONL): Gretel's
   ``gretelai/symptom_to_diagnosis`` on the Hugging Face Hub (Apache-2.0; 22 diagnoses;
   fields ``input_text``: the patient's description, ``output_text``: the diagnosis;
@@ -29,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CONDITIONS", "HUB_DATASET", "SYMPTOMS", "Case", "generate_case", "load_cases"]
+__all__ = ["CONDITIONS", "HUB_DATASET", "SYMPTOMS", "Case", "confusable_openings", "generate_case", "load_cases"]
 
 #: symptom key -> (question words that ask about it, the patient's words when present)
 SYMPTOMS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -116,6 +127,23 @@ class Case:
                 "keywords": {k: list(v) for k, v in self.keywords.items()}, "meta": dict(self.meta)}
 
 
+def _symptoms_of(condition: str) -> tuple[str, ...]:
+    core, optional = CONDITIONS[condition]
+    return core + optional
+
+
+def confusable_openings(n_candidates: int) -> list[str]:
+    """Symptoms that at least ``n_candidates`` conditions list (core or optional): the
+    openings a ``confusable`` case can start from (sorted; empty when none is shared enough)."""
+    return sorted(s for s in SYMPTOMS if sum(s in _symptoms_of(c) for c in CONDITIONS) >= n_candidates)
+
+
+#: The most conditions that share one symptom (6: fever, headache): the largest confusable case.
+_MOST_SHARED = max(sum(s in _symptoms_of(c) for c in CONDITIONS) for s in SYMPTOMS)
+_NO_CONFUSABLE = ("confusable cases need an opening complaint that all {n} candidates list, and no symptom "
+                  "is shared by more than {most} conditions: use n_candidates <= {most}, or confusable=False")
+
+
 def generate_case(index: int, split: str = "train", *, n_candidates: int = 4, noise: float = 0.3,
                   confusable: bool = True) -> Case:
     """Procedural case ``index`` of ``split`` (deterministic: same arguments, same case).
@@ -135,20 +163,28 @@ def generate_case(index: int, split: str = "train", *, n_candidates: int = 4, no
         raise ValueError(f"noise must be in [0, 1], got {noise!r}")
     rng = np.random.default_rng([("train", "test").index(split), 17, int(index)])
     names = sorted(CONDITIONS)
-    condition = names[int(rng.integers(len(names)))]
-    core, optional = CONDITIONS[condition]
-    present = list(core) + [s for s in optional if rng.random() >= noise]
-    opening = core[int(rng.integers(len(core)))]
-    others = [c for c in names if c != condition]
-    if confusable:  # prefer conditions that could also explain the opening complaint
-        share = [c for c in others if opening in CONDITIONS[c][0] + CONDITIONS[c][1]]
-        rest = [c for c in others if c not in share]
-        rng.shuffle(share)
-        rng.shuffle(rest)
-        others = share + rest
+    if confusable:
+        # Opening first, then n conditions that all list it, then the condition uniformly among
+        # them: given what the doctor sees (opening, candidates) every candidate is equally
+        # likely, so a doctor who asks nothing is right 1 / n_candidates of the time.
+        openings = confusable_openings(n_candidates)
+        if not openings:
+            raise ValueError(_NO_CONFUSABLE.format(n=n_candidates, most=_MOST_SHARED))
+        opening = openings[int(rng.integers(len(openings)))]
+        explain = [c for c in names if opening in _symptoms_of(c)]
+        candidates = tuple(sorted(str(c) for c in rng.choice(explain, size=n_candidates, replace=False)))
+        condition = candidates[int(rng.integers(n_candidates))]
+        core, optional = CONDITIONS[condition]
+        # the opening may be an optional symptom of the condition: this patient has it
+        present = list(core) + [s for s in optional if s == opening or rng.random() >= noise]
     else:
+        condition = names[int(rng.integers(len(names)))]
+        core, optional = CONDITIONS[condition]
+        present = list(core) + [s for s in optional if rng.random() >= noise]
+        opening = core[int(rng.integers(len(core)))]
+        others = [c for c in names if c != condition]
         rng.shuffle(others)
-    candidates = tuple(sorted([condition, *others[: n_candidates - 1]]))
+        candidates = tuple(sorted([condition, *others[: n_candidates - 1]]))
     facts = {key: SYMPTOMS[key][1] for key in sorted(present)}
     return Case(
         id=f"procedural/{split}/{index}", condition=condition, facts=facts, opening=opening,

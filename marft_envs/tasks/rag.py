@@ -7,7 +7,7 @@
 | Task         | :class:`RAGTask`: answer a (multi-hop) question from a document collection |
 | Agents       | solo: ``generator``; quartet: ``rewriter`` -> ``selector`` -> ``filter`` -> ``generator`` |
 | Tools        | ``search`` (the selector in the quartet, the generator in solo; budget 2) |
-| Reward       | shared team reward = answer F1 (``partial`` weight 1), minus cost terms; EM is ``correct`` |
+| Reward       | shared team reward = :func:`answer_reward` (1 for an exact match, else at most half the answer F1, divided among listed answers), minus cost terms; EM is ``correct`` |
 | Data         | ``dataset="kb"`` (procedural, offline, default), ``"hotpotqa"``, ``"nq"`` |
 
 **The quartet** (Chen et al., 2025, MMOA-RAG): the *rewriter* turns the
@@ -19,16 +19,29 @@ only the documents the filter kept and answers. Who sees which documents is
 ``doc_view`` (role -> ``"none"`` | ``"retrieve"`` | ``"named"``): ``retrieve``
 shows the top ``k`` documents for the queries in the latest teammate's reply
 (or for the question when no teammate acted), ``named`` shows the documents
-whose ids the latest teammate named that named any (an agent with no teammates
-before it retrieves for the question). Roles not in ``doc_view`` retrieve.
+whose ids the latest teammate named that named any, keeping only documents that
+teammate was shown in this episode (by its own view or its own ``search``
+calls): naming an id never reveals a document no retrieval surfaced (an agent
+with no teammates before it retrieves for the question). Roles not in
+``doc_view`` retrieve. The ids each agent's ``search`` calls returned are episode
+state of the task (copied with the env, cleared by :meth:`RAGTask.start_tool_episode`),
+so one ``RAGTask`` instance serves one env.
 
 **Grading.** The answer is the text after the last ``Answer:`` (else the last
 ``\\boxed{}``, else the last non-empty line), compared with every gold alias
 after SQuAD normalisation (lower case, no punctuation or articles): ``correct``
-is exact match (EM), ``score`` the best token F1. ``details`` report ``em``,
-``f1``, ``queries`` (lines the rewriter wrote), ``docs_shown`` (documents the
-answering agent saw) and ``support_recall`` (share of the supporting documents
-among them, when known).
+is exact match (EM), ``score`` is :func:`answer_reward`: 1 for an exact match,
+otherwise ``PARTIAL_CREDIT`` (1/2) times the best token F1 of one listed answer
+divided by how many answers are listed (``"A, B or C"`` is three answers; a
+separator that occurs in the gold answer itself does not split). So committing to
+the right answer (1) beats every list that contains it (at most 1/4), and listing
+all ``n`` candidates (at most ``1/(2n)``) never beats naming one of them at random
+(at least ``1/n`` when the gold is among them). ``details`` report ``em``, ``f1``
+(the plain SQuAD F1, for comparison with the literature), ``answers`` (how many were
+listed), ``queries`` (lines the rewriter wrote), ``docs_shown`` (documents the
+answering agent saw), ``support_recall`` (share of the supporting documents among
+them, when known) and ``unseen_doc_ids`` (document ids a teammate named that it was
+never shown: ignored, and flagged ``unseen_doc_ids``).
 
 **Retrieval.** :class:`BM25Retriever` (``bm25s``) indexes the corpus once per
 task (per problem for HotpotQA's ten paragraphs or DPR-style contexts).
@@ -82,10 +95,13 @@ __all__ = [
     "Retriever",
     "answer_em",
     "answer_f1",
+    "answer_reward",
+    "split_answers",
     "extract_answer",
     "load_hotpotqa",
     "load_nq",
     "normalize_answer",
+    "PARTIAL_CREDIT",
 ]
 
 #: Default document view per role (see the module docstring).
@@ -99,6 +115,11 @@ _DOC_ID_RE = re.compile(r"\bD(\d{1,6})\b")
 _ANSWER_RE = re.compile(r"answer\s*:\s*(.+)", re.IGNORECASE)
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]{0,300})\}")
 _TAIL = 20_000
+#: Share of the token F1 a non-exact answer earns (<= 1/2: see :func:`answer_reward`).
+PARTIAL_CREDIT = 0.5
+# What separates the answers of a hedged list ("A, B or C"); a comma between digits does not.
+_SEPARATORS = {",": r",(?!\d)", ";": ";", "/": "/", "|": r"\|", "&": "&", "\n": "\n",
+               " and ": r"\band\b", " or ": r"\bor\b"}
 
 
 @dataclass(frozen=True)
@@ -184,6 +205,35 @@ def answer_f1(prediction: str, golds: Sequence[str]) -> float:
             precision, recall = same / len(p), same / len(t)
             best = max(best, 2 * precision * recall / (precision + recall))
     return best
+
+
+def split_answers(prediction: str, gold: str) -> list[str]:
+    """The answers a prediction lists (``"A, B or C"`` -> three), split on list separators
+    that do not occur in ``gold`` itself (``"AC/DC"`` keeps ``/``); empty parts dropped."""
+    low = f" {gold.lower()} "
+    seps = [rx for sep, rx in _SEPARATORS.items() if sep not in low]
+    parts = re.split("|".join(seps), prediction, flags=re.IGNORECASE) if seps else [prediction]
+    return [p for p in parts if normalize_answer(p)] or [prediction]
+
+
+def answer_reward(prediction: str, golds: Sequence[str]) -> float:
+    """1 for an exact match; else ``PARTIAL_CREDIT * F1(best listed answer) / answers listed``.
+
+    Why: plain F1 pays hedging (the gold plus a wrong entity scores 0.67, a wrong single
+    guess 0; listing every candidate of the documents beat naming one at random). Here a
+    list of the gold and ``k >= 1`` others earns at most ``PARTIAL_CREDIT / (k + 1) < 1``;
+    listing ``n`` candidates earns at most ``PARTIAL_CREDIT / n`` times the best one's F1,
+    never more than naming one of them at random earns in expectation. Unsplittable lists
+    ("A B C") are priced by F1 itself: with ``PARTIAL_CREDIT <= 1/2`` the gold among ``n``
+    same-length names scores ``2 / (2 (n + 1)) < 1 / n``.
+    """
+    if answer_em(prediction, golds):
+        return 1.0
+    best = 0.0
+    for g in golds:
+        parts = split_answers(prediction, g)
+        best = max(best, max(answer_f1(p, [g]) for p in parts) / len(parts))
+    return PARTIAL_CREDIT * best
 
 
 def extract_answer(response: str) -> tuple[str | None, bool]:
@@ -382,10 +432,14 @@ class RAGTask(Task):
         if not self._problems:
             raise ValueError(f"RAG dataset {dataset!r} split {split!r} has no problems with these settings")
         self._indexes: OrderedDict[str, tuple[list[Document], Retriever]] = OrderedDict()
+        # Ids each agent's `search` calls returned in the current episode (see start_tool_episode).
+        self._revealed: dict[str, set[str]] = {}
+        self._revealed_for: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_indexes"] = OrderedDict()  # indexes are rebuilt on demand, never pickled
+        state["_revealed"] = {a: set(ids) for a, ids in self._revealed.items()}  # episode state: a copy
         return state
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RAGTask:
@@ -428,10 +482,23 @@ class RAGTask(Task):
             self._indexes.popitem(last=False)
         return docs, retriever
 
-    def search_documents(self, query: str, k: int, problem: Problem | None) -> list[Document]:
-        """The top ``k`` documents for ``query`` (the ``search`` tool calls this)."""
+    def search_documents(self, query: str, k: int, problem: Problem | None, agent: str | None = None) -> list[Document]:
+        """The top ``k`` documents for ``query`` (the ``search`` tool calls this).
+
+        With ``agent`` (the ``search`` tool passes the caller), the ids found are recorded as
+        shown to that agent in this episode: it may then name them to its teammates."""
         docs, retriever = self._index(problem)
-        return [docs[i] for i, _ in retriever.search(str(query)[:2000], int(k)) if 0 <= i < len(docs)]
+        found = [docs[i] for i, _ in retriever.search(str(query)[:2000], int(k)) if 0 <= i < len(docs)]
+        if agent is not None and problem is not None:
+            if self._revealed_for != problem.id:
+                self._revealed, self._revealed_for = {}, problem.id
+            self._revealed.setdefault(str(agent), set()).update(d.id for d in found)
+        return found
+
+    def start_tool_episode(self) -> None:
+        """Forget the documents earlier episodes' ``search`` calls showed (the env's tool loop
+        calls this at the first step of each episode)."""
+        self._revealed, self._revealed_for = {}, None
 
     def _retrieve(self, queries: list[str], problem: Problem) -> list[Document]:
         ranked = [self.search_documents(q, self.k, problem) for q in queries]
@@ -451,7 +518,11 @@ class RAGTask(Task):
         return lines[: self.max_queries] or [problem.question]
 
     def docs_for(self, agent: str, executed: list[tuple[str, str]], problem: Problem, parents: list[str]) -> list[Document] | None:
-        """The documents ``agent`` sees now (``None``: its view shows none)."""
+        """The documents ``agent`` sees now (``None``: its view shows none).
+
+        A ``named`` view shows the documents named by the latest teammate that named any
+        document it was shown in this episode (in its own view, or by its ``search`` calls);
+        other ids are ignored (:meth:`unseen_ids`): naming a corpus id never reveals a document."""
         mode = self.doc_view.get(agent, "retrieve")
         if mode == "none" or self.closed_book:
             return None
@@ -461,12 +532,31 @@ class RAGTask(Task):
         if mode == "retrieve":
             return self._retrieve(self._queries(acted[-1][1], problem), problem)
         by_id = {d.id: d for d in self.documents(problem)}
-        for _, text in reversed(acted):
-            named = [f"D{m}" for m in _DOC_ID_RE.findall(text[-_TAIL:])]
-            picked = [by_id[i] for i in dict.fromkeys(named) if i in by_id]
+        for j in range(len(executed) - 1, -1, -1):
+            namer, text = executed[j]
+            if namer not in parents:
+                continue
+            named = dict.fromkeys(f"D{m}" for m in _DOC_ID_RE.findall(text[-_TAIL:]))
+            shown = self._shown_ids(namer, executed[:j], problem) if named else set()
+            picked = [by_id[i] for i in named if i in shown and i in by_id]
             if picked:
                 return picked[: 2 * self.k]
         return []
+
+    def _shown_ids(self, agent: str, before: list[tuple[str, str]], problem: Problem) -> set[str]:
+        """Ids ``agent`` was shown when it acted after ``before``: its view and its searches."""
+        view = self.docs_for(agent, before, problem, [a for a, _ in before]) or []
+        searched = self._revealed.get(agent, set()) if self._revealed_for == problem.id else set()
+        return {d.id for d in view} | searched
+
+    def unseen_ids(self, executed: list[tuple[str, str]], problem: Problem) -> int:
+        """How many document ids the agents of ``executed`` named that they were never shown."""
+        total = 0
+        for j, (agent, text) in enumerate(executed):
+            named = set(f"D{m}" for m in _DOC_ID_RE.findall(text[-_TAIL:]))
+            if named:
+                total += len(named - self._shown_ids(agent, executed[:j], problem))
+        return total
 
     def view_context(self, agent: str, executed: list[tuple[str, str]], problem: Problem, parents: list[str]) -> str | None:
         """The env hook: the documents section of ``agent``'s view."""
@@ -480,14 +570,15 @@ class RAGTask(Task):
 
     # -------------------------------------------------------------- grading
     def grade(self, response: str, problem: Problem) -> GradeResult:
-        """EM is ``correct``, F1 is ``score`` (see the module docstring)."""
+        """EM is ``correct``, :func:`answer_reward` is ``score`` (see the module docstring)."""
         answer, format_ok = extract_answer(response if isinstance(response, str) else "")
         golds = list(problem.meta.get("answers") or [problem.answer])
         if answer is None:
             return GradeResult(correct=False, score=0.0, details={"em": 0.0, "f1": 0.0, "flags": ["no_answer"]})
         em, f1 = answer_em(answer, golds), answer_f1(answer, golds)
-        return GradeResult(correct=em, score=f1, extracted=answer, format_ok=format_ok,
-                           details={"em": float(em), "f1": round(f1, 6)})
+        answers = min(len(split_answers(answer, g)) for g in golds) if golds else 1
+        return GradeResult(correct=em, score=answer_reward(answer, golds), extracted=answer, format_ok=format_ok,
+                           details={"em": float(em), "f1": round(f1, 6), "answers": answers})
 
     def grade_turn(self, executed: list[tuple[str, str]], answer_agent: str, problem: Problem) -> GradeResult:
         """:meth:`grade` plus retrieval details of the turn (queries, documents shown, recall)."""
@@ -495,13 +586,17 @@ class RAGTask(Task):
         idx = [a for a, _ in executed].index(answer_agent)
         before = executed[:idx]
         docs = self.docs_for(answer_agent, before, problem, [a for a, _ in before]) or []
+        unseen = self.unseen_ids(before, problem)
         support = set(problem.meta.get("support") or [])
         rewriter = [x for a, x in executed if self.doc_view.get(a) == "none"]
         result.details.update({
             "queries": len(self._queries(rewriter[0], problem)) if rewriter else 0,
             "docs_shown": len(docs),
             "support_recall": round(len(support & {d.id for d in docs}) / len(support), 6) if support else None,
+            "unseen_doc_ids": unseen,
         })
+        if unseen:
+            result.details.setdefault("flags", []).append("unseen_doc_ids")
         return result
 
     def __repr__(self) -> str:

@@ -10,7 +10,9 @@
   does with a segment that calls tools.
 * Built-in tools (:mod:`marft_envs.tools.builtin`): ``calculator``, ``python``, ``search``.
 * :func:`continuation_ids` (:mod:`marft_envs.tools.chat`): the ids a collector appends
-  after a tool continuation without re-tokenising sampled ids.
+  after a tool continuation without re-tokenising sampled ids; :func:`encode_messages`:
+  chat messages to prompt ids with every message string kept literal (tool results, an
+  endpoint's request messages).
 
 See ``docs/tools.md``.
 """
@@ -30,7 +32,7 @@ from marft_envs.tools.base import (
 )
 from marft_envs.tools.builtin import calculator_tool, python_tool, search_tool
 from marft_envs.tools.calculator import CalculatorError, calculate
-from marft_envs.tools.chat import continuation_ids, split_continuation
+from marft_envs.tools.chat import continuation_ids, encode_messages, literal_ids, split_continuation
 from marft_envs.tools.loop import TOOL_ERRORS, ToolConfig, ToolLoop, ToolRewardConfig
 from marft_envs.tools.parsers import (
     PARSERS,
@@ -69,7 +71,9 @@ __all__ = [
     "calculate",
     "calculator_tool",
     "continuation_ids",
+    "encode_messages",
     "get_parser",
+    "literal_ids",
     "python_tool",
     "register_parser",
     "register_tool",

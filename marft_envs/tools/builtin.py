@@ -11,8 +11,9 @@ search         ``query`` (string), ``k`` (1-10, default 3)  the task's retriever
 ``python`` prints what the program prints (stdout, then stderr if it failed);
 the program gets :data:`PYTHON_TIMEOUT` seconds and :data:`PYTHON_MEMORY_MB` MB
 in the strongest isolation the machine offers. ``search`` needs a task with a
-``search_documents(query, k, problem)`` method (:class:`~marft_envs.tasks.rag.RAGTask`);
-on other tasks it answers with an error message.
+``search_documents(query, k, problem)`` method (:class:`~marft_envs.tasks.rag.RAGTask`;
+one that also takes ``agent=`` gets the calling agent); on other tasks it answers with
+an error message.
 
 Profiles name them through :data:`marft_envs.tools.base.BUILTIN_TOOLS`, which points at the
 factories below; this module registers nothing on import.
@@ -20,6 +21,7 @@ factories below; this module registers nothing on import.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from marft_envs.tools.base import Tool, ToolContext, ToolError, ToolTimeoutError
@@ -56,7 +58,10 @@ def _search(context: ToolContext, query: str, k: int = 3) -> str:
     search = getattr(context.task, "search_documents", None)
     if not callable(search):
         raise ToolError("this task has no corpus to search")
-    docs = search(query, int(k), context.problem)
+    # The caller is passed on where the task takes it: the task records what each agent was shown
+    # (RAGTask lets an agent name to its teammates only documents it was shown).
+    takes_agent = "agent" in inspect.signature(search).parameters
+    docs = search(query, int(k), context.problem, agent=context.agent) if takes_agent else search(query, int(k), context.problem)
     if not docs:
         return "No documents found."
     return "\n".join(f"[{d.id}] {d.title}: {d.text}" for d in docs)

@@ -14,6 +14,10 @@ at most ``budget + 1`` times per turn; calls past the budget are not run and
 are answered with a ``tool_budget_exhausted`` message (and if the agent's
 budget was already spent, its segment ends its turn, flagged).
 
+At the first step of each episode the loop calls the task's optional
+``start_tool_episode()`` (a task that records what its tools showed, like
+:class:`~marft_envs.tasks.rag.RAGTask`, forgets the previous episode's).
+
 Per graded turn the loop adds reward components (:class:`ToolRewardConfig`)
 and ``info`` keys ``agent_metrics`` (per agent: ``steps``, ``tool_calls``,
 ``tool_errors``, ``tool_error_rate``, ``tokens``), ``tool_selection_accuracy``
@@ -24,6 +28,7 @@ the same two agents more than twice, counted over the episode's hand-offs).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +39,8 @@ from marft_envs.tools.base import Tool, ToolContext, ToolOutcome, resolve_tools,
 from marft_envs.tools.parsers import get_parser
 
 __all__ = ["TOOL_ERRORS", "ToolConfig", "ToolLoop", "ToolRewardConfig"]
+
+_NAME_RE = re.compile(r"[^A-Za-z0-9_.-]")
 
 #: Error kinds of a call; each is a flag in ``info`` and a counter in ``env.stats``.
 TOOL_ERRORS = (
@@ -184,6 +191,7 @@ class ToolLoop:
         self._run = 0  # consecutive hand-offs alternating between one pair
         self._turn_loops = 0
         self._turn_steps: dict[str, int] = {}
+        self._fresh = True  # no step yet in this episode
 
     def budget(self, agent: str) -> int:
         """Calls ``agent`` may write per turn."""
@@ -224,8 +232,13 @@ class ToolLoop:
 
     @staticmethod
     def tool_message(outcome: ToolOutcome) -> dict[str, str]:
-        """The ``tool`` chat message carrying one call's result."""
-        return {"role": "tool", "name": outcome.name or "unknown", "content": outcome.content}
+        """The ``tool`` chat message carrying one call's result.
+
+        Its ``name`` is the tool's name for a known tool; a name the model made up keeps only
+        tool-name characters (``[A-Za-z0-9_.-]``, others become ``_``), so a template that
+        renders names cannot be handed ``<|im_start|>``; the error text quotes it literally."""
+        name = _NAME_RE.sub("_", outcome.name or "")[:64] or "unknown"
+        return {"role": "tool", "name": name, "content": outcome.content}
 
     def transcript_text(self, agent: str) -> str:
         """The same exchange as plain text (for ``observe()["prompt"]``)."""
@@ -256,6 +269,11 @@ class ToolLoop:
     def step(self, env: Any, agent: str, text: str, flags: list[str]) -> dict[str, Any] | None:
         """Handle ``agent``'s segment ``text``. Returns the info of a tool continuation (the
         same agent acts again), or ``None`` when ``text`` is the agent's action of the turn."""
+        if self._fresh:  # first step of an episode: a task that keeps what tools showed forgets it
+            self._fresh = False
+            start = getattr(getattr(env, "task", None), "start_tool_episode", None)
+            if callable(start):
+                start()
         if not self.enabled:
             return None
         self._turn_steps[agent] = self._turn_steps.get(agent, 0) + 1

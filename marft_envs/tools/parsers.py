@@ -22,6 +22,8 @@ Registered parsers (:data:`PARSERS`; add one with :func:`register_parser`):
 
 Parsers never raise on model text: what cannot be read becomes a call with
 ``error`` set (``malformed_tool_call``), which the env reports back to the agent.
+Names and arguments are valid Unicode: a lone surrogate written as a JSON escape
+(``"\\ud800"``) becomes U+FFFD, so it cannot reach a chat message or a tokenizer.
 Each parser also writes the instructions that describe the tools and the call
 syntax in plain text (:meth:`ToolCallParser.instructions`), for chat templates
 that do not render ``tools=`` themselves.
@@ -83,8 +85,28 @@ class ParseResult:
         return bool(self.calls)
 
 
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_unicode(value: Any) -> Any:
+    """``value`` with lone surrogates (JSON ``"\\ud800"`` escapes) replaced by U+FFFD, in
+    every string, key and nested value: names and arguments must be valid UTF-8 downstream
+    (chat messages, tokenizers, logs)."""
+    if isinstance(value, str):
+        return _SURROGATE_RE.sub("\ufffd", value)
+    if isinstance(value, Mapping):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_unicode(v) for v in value]
+    return value
+
+
 def _call_from_obj(obj: Any, raw: str, args_keys: Sequence[str] = ("arguments", "parameters")) -> ToolCall:
-    raw = raw[:200]
+    raw = _valid_unicode(raw[:200])
+    try:
+        obj = _valid_unicode(obj)
+    except RecursionError:
+        return ToolCall("", {}, raw, "the call's JSON is nested too deeply")
     if not isinstance(obj, Mapping):
         return ToolCall("", {}, raw, f"a tool call must be a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
@@ -97,7 +119,7 @@ def _call_from_obj(obj: Any, raw: str, args_keys: Sequence[str] = ("arguments", 
             break
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            args = json.loads(args)
+            args = _valid_unicode(json.loads(args))
         except (ValueError, RecursionError):
             return ToolCall(name.strip(), {}, raw, '"arguments" is a string that is not a JSON object')
     if not isinstance(args, Mapping):
