@@ -11,7 +11,10 @@ Containment (every run)
 -----------------------
 Each run is a fresh process in its own session/process group, in a fresh
 temporary work dir (removed afterwards), with stdin closed, stdout/stderr
-captured up to a cap (the rest is drained and dropped), an environment holding
+captured up to a cap (the rest is drained and dropped; ``run_program`` kills a
+program once one stream passes the drain cap, :func:`output_drain_bytes`, at least
+1 MiB, and returns the heads with ``output_overflow`` set, instead of leaving it
+blocked on a full pipe until the timeout), an environment holding
 only ``PATH, HOME, TMPDIR, LANG`` (nothing inherited), and rlimits: CPU time,
 address space, file size, open files, no core files, process count. A
 wall-clock timeout SIGKILLs the process group, every descendant found in

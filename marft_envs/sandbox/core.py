@@ -39,6 +39,7 @@ __all__ = [
     "available_levels",
     "describe_isolation",
     "isolation_level",
+    "output_drain_bytes",
     "run_many",
     "run_program",
     "run_tests",
@@ -71,7 +72,11 @@ class TestResult:
 
 @dataclass
 class ProgramResult:
-    """Outcome of ``run_program``."""
+    """Outcome of ``run_program``.
+
+    ``output_truncated``: a stream went past ``max_output`` (its head is kept);
+    ``output_overflow``: the program wrote more than :func:`output_drain_bytes` to a stream
+    and was killed there (``exit_code`` -9, not ``timed_out``), its heads kept."""
 
     exit_code: int | None
     stdout: str
@@ -80,6 +85,7 @@ class ProgramResult:
     duration: float
     isolation: str
     output_truncated: bool = False
+    output_overflow: bool = False
 
     @property
     def ok(self) -> bool:
@@ -372,12 +378,23 @@ def _kill(proc: subprocess.Popen, cgs: Sequence[str] = (), scan: bool = True) ->
         time.sleep(0.002)
 
 
+def output_drain_bytes(max_output: int) -> int:
+    """Bytes of one stream read (the first ``max_output`` kept) before the grader stops
+    reading it: ``run_program`` then kills the program (``output_overflow``)."""
+    return max(16 * max_output, 1 << 20)
+
+
 class _Capture:
     """Keeps the first ``cap`` bytes of a stream; drains and drops the rest."""
 
     def __init__(self, cap: int) -> None:
         self.cap, self.buf, self.truncated = cap, bytearray(), False
-        self.seen, self.drain = 0, max(16 * cap, 1 << 20)
+        self.seen, self.drain = 0, output_drain_bytes(cap)
+
+    @property
+    def overflow(self) -> bool:
+        """The writer went past the drain cap (it would now block on a full pipe)."""
+        return self.seen >= self.drain
 
     def feed(self, data: bytes) -> bool:
         """Keep the head; False (stop reading: the writer then blocks on a full pipe
@@ -773,6 +790,10 @@ def _run_program(program: str, *, level: str, timeout: float, memory_mb: int | N
             def ended() -> bool:
                 # Done at EOF after exit; a background child that keeps the pipes open
                 # gets 0.1 s of grace after the program itself exits, then is killed.
+                # A flood past the drain cap ends the run now: the writer would only
+                # block on the full pipe until the timeout, and its head is already kept.
+                if out.overflow or err.overflow:
+                    return True
                 if proc.poll() is None:
                     return False
                 if not exited:
@@ -785,7 +806,8 @@ def _run_program(program: str, *, level: str, timeout: float, memory_mb: int | N
     assert run.proc is not None
     return ProgramResult(exit_code=run.proc.returncode, stdout=out.text(), stderr=err.text(),
                          timed_out=not finished, duration=time.monotonic() - t0,
-                         isolation=level, output_truncated=out.truncated or err.truncated)
+                         isolation=level, output_truncated=out.truncated or err.truncated,
+                         output_overflow=out.overflow or err.overflow)
 
 
 def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | None = None,
