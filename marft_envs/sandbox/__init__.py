@@ -64,6 +64,18 @@ forces one):
     run is live the grader process is non-dumpable (its ``/proc`` entries need
     CAP_SYS_PTRACE), which keeps a same-uid program out of them.
 
+What ``/proc`` shows the program: under bwrap, a fresh ``/proc`` of its own pid
+namespace, where pid 1 is bwrap's reaper with the neutral command line ``bwrap --args
+N /bin/sh .marft_start`` (bwrap reads its mount options from a file descriptor, so the
+host's layout is not on it) and the program's own process is the interpreter, whose path
+is also ``sys.executable``. Under ``unshare-net``, pid 1 *is* the program's own
+process: its command line shows the interpreter's host path and the work dir (nothing of
+the grader). At the fallback level there is no pid namespace: with Landlock, ``/proc``
+is unreadable; without it, the program can read the command line of every process on
+the host (``/proc/<pid>/cmdline`` is world-readable), the grader's included. At every
+level the stub's configuration travels in a file that the stub deletes before the
+program starts, never on a command line.
+
 IPC: bwrap and unshare give the program its own IPC namespace (its SysV objects
 and POSIX message queues die with it; ``/dev/shm`` is a private tmpfs); the
 fallback refuses to create them (see above).
