@@ -621,7 +621,10 @@ class WorkflowEnv(TextAECEnv):
     def _finish(self, value: Any, *, failed: bool = False, truncated: bool = False) -> None:
         self._coro = None
         self._pending = None
-        components, why = (None, "") if failed else _reward_components(value)
+        try:
+            components, why = (None, "") if failed else _reward_components(value)
+        except Exception as e:  # noqa: BLE001 - e.g. a Mapping whose __len__ raises
+            components, why = None, f"reading it raised {_describe_exception(e)}"
         if components is None:
             if not failed:
                 self._error = (f"the program returned {type(value).__name__} {_safe_repr(value)}: {why}; "

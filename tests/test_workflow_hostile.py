@@ -57,6 +57,16 @@ async def returns_bad_float(team, problem):
     return _BadFloat(1.0)
 
 
+class _BadMapping(dict):
+    def __len__(self):
+        raise RuntimeError("no len")
+
+
+async def returns_bad_mapping(team, problem):
+    await team.call("writer", "hi")
+    return _BadMapping(outcome=1.0)
+
+
 async def raises_system_exit(team, problem):
     await team.call("writer", "hi")
     raise SystemExit(3)
@@ -163,7 +173,7 @@ def test_a_huge_int_reward_is_a_bad_program_return_not_an_overflow(reply):
 
 
 @pytest.mark.parametrize("program", [returns_huge_int, returns_huge_int_component,
-                                     returns_unprintable_huge_int, returns_bad_float])
+                                     returns_unprintable_huge_int, returns_bad_float, returns_bad_mapping])
 def test_returns_that_cannot_be_floats_are_bad_program_returns(program):
     env = make(program)
     env.reset(seed=0)
