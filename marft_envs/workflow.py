@@ -553,9 +553,13 @@ class WorkflowEnv(TextAECEnv):
                 self._finish(None, failed=True, truncated=True)
                 return
             try:
-                if request.role not in self.possible_agents:
+                role = request.role
+                # Compared as a plain str: a role object with its own __eq__/__hash__ never runs here.
+                role = str.__str__(role) if isinstance(role, str) else None
+                if role is None or role not in self.possible_agents:
                     self._step_flags.append("unknown_role")
-                    raise WorkflowError(f"team.call: unknown role {request.role!r:.60}; roles are {self.possible_agents}")
+                    raise WorkflowError(f"team.call: unknown role {_safe_repr(request.role)}; "
+                                        f"roles are {self.possible_agents}")
                 try:
                     messages = _check_messages(request.messages, self._max_prompt)
                     tools = _tool_schemas(request.tools)
@@ -567,7 +571,7 @@ class WorkflowEnv(TextAECEnv):
                     raise
                 except Exception as e:
                     self._step_flags.append("bad_messages")
-                    raise WorkflowError(f"team.call: bad tools: {type(e).__name__}: {e}") from None
+                    raise WorkflowError(f"team.call: bad messages or tools: {_describe_exception(e)}") from None
             except WorkflowError as e:
                 self.stats["bad_calls"] += 1
                 self._rejected += 1
@@ -576,9 +580,9 @@ class WorkflowEnv(TextAECEnv):
                     self._rejections.append(str(e)[:300])
                 value = e  # raised inside the program at its call
                 continue
-            self._pending = WorkflowCall(request.role, messages, tools)
+            self._pending = WorkflowCall(role, messages, tools)
             self.calls.append(self._pending)
-            self.agent_selection = request.role
+            self.agent_selection = role
             return
 
     def _program_failed(self, e: BaseException) -> None:

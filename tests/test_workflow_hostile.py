@@ -126,6 +126,33 @@ async def deep_recursion(team, problem):
     return down(0)
 
 
+class _EvilRole(str):
+    def __eq__(self, other):
+        raise RuntimeError("no compare")
+
+    __hash__ = str.__hash__
+
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+class _EvilObject:
+    def __eq__(self, other):
+        raise RuntimeError("no compare")
+
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+async def calls_evil_roles(team, problem):
+    try:
+        await team.call(_EvilObject(), "hi")
+    except ValueError:
+        pass
+    reply = await team.call(_EvilRole("writer"), "hi")  # a str subclass naming a real role
+    return float(reply == "ok")
+
+
 async def calls_a_ghost_every_episode(team, problem):
     """Calls a role outside ``roles`` on every episode, catches the error and goes on."""
     try:
@@ -200,6 +227,15 @@ def test_system_exit_before_the_first_call_ends_the_episode_at_reset():
     assert all(env.terminations.values())
     assert "program_error" in env.infos["writer"]["flags"]
     assert "SystemExit" in env.infos["writer"]["error"]
+
+
+def test_role_objects_with_hostile_dunders_never_escape_step():
+    env = make(calls_evil_roles)
+    env.reset(seed=0)  # the comparison and the repr of the role raised out of reset
+    assert env.agent_selection == "writer" and type(env.agent_selection) is str
+    assert env.infos["writer"]["flags"] == ["unknown_role"]
+    env.step("ok")
+    assert env.rewards["writer"] == 1.0 and env.infos["writer"]["call_order"] == ["writer"]
 
 
 # ---------------------------------------------------------------------------- item 10
