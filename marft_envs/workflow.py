@@ -295,15 +295,17 @@ def _check_messages(messages: Any, max_chars: int) -> list[dict[str, Any]]:
         messages = [{"role": "user", "content": messages}]  # a bare prompt is one user message
     if not isinstance(messages, Sequence) or not messages:
         raise WorkflowError(f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {_safe_repr(messages, 80)}")
-    total = 0
+    total = -2
     for k, m in enumerate(messages):
         if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise WorkflowError(f"message {k} must be a dict with string 'role' and 'content', got {_safe_repr(m, 80)}")
-        total += len(m["role"]) + len(m["content"])
-    if total > max_chars:  # checked before any copy: messages() and observe() stay within the cap
-        raise _MessagesTooLong(
-            f"team.call: the messages hold {total} characters, over max_prompt_chars={max_chars}: "
-            "shorten them (keep only the history the role needs) or raise max_prompt_chars")
+        # The length of observe()'s text, "[role]: content" joined by blank lines: a call
+        # within the cap is observed whole, and a million empty messages are over it too.
+        total += len(m["role"]) + len(m["content"]) + 6
+        if total > max_chars:  # checked before any copy: messages() and observe() stay within the cap
+            raise _MessagesTooLong(
+                f"team.call: the messages (from message {k} on) exceed max_prompt_chars={max_chars} characters "
+                "as text: shorten them (keep only the history the role needs) or raise max_prompt_chars")
     return [copy.deepcopy(dict(m)) for m in messages]
 
 

@@ -177,6 +177,11 @@ async def huge_messages_caught(team, problem):
     return 1.0
 
 
+async def many_empty_messages(team, problem):
+    await team.call("writer", [{"role": "", "content": ""}] * 1_000_000)
+    return 1.0
+
+
 async def grades_then_regrades(team, problem):
     first = await team.call("writer", problem.question)
     team.grade(first)
@@ -273,6 +278,20 @@ def test_messages_are_never_longer_than_the_prompt_cap():
     env.reset(seed=0)
     for role in env.possible_agents:
         assert sum(len(m["content"]) for m in env.messages(role)) <= 1000
+    env = make(many_empty_messages)
+    env.reset(seed=0)  # a million empty messages passed as "0 characters"
+    assert "messages_too_long" in env.infos["writer"]["flags"]
+
+
+def test_a_call_within_the_cap_is_observed_whole():
+    async def fits(team, problem):
+        await team.call("writer", [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "u" * 580}])
+        return 1.0
+
+    env = make(fits, max_prompt_chars=1000)
+    env.reset(seed=0)
+    assert env.infos["writer"]["flags"] == [] and len(env.observe("writer")["prompt"]) == 1000
+    assert env.observe("writer")["prompt"].endswith("u")
 
 
 # ---------------------------------------------------------------------- item 16 (part)
