@@ -72,7 +72,8 @@ is also ``sys.executable``. Under ``unshare-net``, pid 1 *is* the program's own
 process: its command line shows the interpreter's host path and the work dir (nothing of
 the grader). At the fallback level there is no pid namespace: with Landlock, ``/proc``
 is unreadable; without it, the program can read the command line of every process on
-the host (``/proc/<pid>/cmdline`` is world-readable), the grader's included. At every
+the host (``/proc/<pid>/cmdline`` is world-readable unless ``/proc`` is mounted with
+``hidepid``), the grader's included. At every
 level the stub's configuration travels in a file that the stub deletes before the
 program starts, never on a command line.
 
