@@ -201,7 +201,12 @@ class EnvSpec:
         merged.update(kwargs)
         fn = load_entry_point(self.entry_point)
         check_arguments(f"environment {self.id!r}", fn, kwargs)  # the caller's own (a typo), before any work
-        return fn(**merged)
+        try:
+            return fn(**merged)
+        except EnvArgumentError as e:  # raised deeper (an entry point taking **kwargs): name the id
+            if repr(self.id) in str(e):
+                raise
+            raise EnvArgumentError(f"environment {self.id!r}: {e}") from None
 
 
 registry: dict[str, EnvSpec] = {}

@@ -32,6 +32,7 @@ from marft_envs.spaces import UnicodeText
 __all__ = [
     "BAD_ACTIONS",
     "GRADED_INFO_KEYS",
+    "PROGRAM_BUG_FLAGS",
     "EnvContractError",
     "check_env",
     "check_step_output",
@@ -60,6 +61,11 @@ BAD_ACTIONS: tuple[Any, ...] = (
     "ROUTE: " * 3000,
 )
 
+
+#: Flags of a workflow program that misuses ``team.call`` whatever the model answers
+#: (a role outside ``roles``, malformed messages, a foreign await, concurrent calls):
+#: :func:`check_env` fails an env that raises one of them on every episode.
+PROGRAM_BUG_FLAGS = frozenset({"unknown_role", "bad_messages", "foreign_await", "concurrent_calls"})
 
 
 class EnvContractError(ValueError):
@@ -232,6 +238,23 @@ def random_episode(
     return trace
 
 
+def _program_bugs(trace: list[tuple]) -> tuple[set[str], str] | None:
+    """The :data:`PROGRAM_BUG_FLAGS` an episode's infos carry, and the first message that
+    explains them (``rejected_calls`` or ``error``); None when there are none."""
+    flags: set[str] = set()
+    detail = ""
+    for *_, info, _action in trace:
+        if not isinstance(info, dict):
+            continue
+        flags |= PROGRAM_BUG_FLAGS & set(info.get("flags") or [])
+        if not detail:
+            rejected = info.get("rejected_calls") or []
+            detail = str(rejected[0]) if rejected else ""
+        if not detail and flags and info.get("error"):
+            detail = str(info["error"])[:300]
+    return (flags, detail) if flags else None
+
+
 def _check_graded_infos(env: Any, fail: Callable[[Any, str], None]) -> None:
     for a in env.agents:
         info = env.infos[a]
@@ -324,8 +347,13 @@ def check_env(
         fail(env.num_problems == len(env.task), "num_problems != len(task)")
 
     # Random-action episodes under the AEC contract.
-    for ep in range(n_episodes):
-        random_episode(env, seed + ep, fail=fail)
+    bugs = [_program_bugs(random_episode(env, seed + ep, fail=fail)) for ep in range(n_episodes)]
+    if bugs and all(bugs):
+        flags = sorted(set().union(*(b[0] for b in bugs)))
+        detail = next((b[1] for b in bugs if b[1]), "")
+        fail(False, f"the program misused team.call on every one of the {n_episodes} episodes "
+                    f"(flags {flags}){': ' + detail if detail else ''}; call only the env's roles "
+                    f"{list(env.possible_agents)} with {{'role', 'content'}} messages, awaiting each call")
 
     # Determinism: same seed and actions -> same observations, rewards and infos.
     env_a, env_b = factory(), factory()

@@ -37,13 +37,20 @@ else ``correct`` is ``reward > 0``. Every call is one transition of its role wit
 ``obs["turn"] == 0``: the whole episode is one graded turn, so the collector credits
 the team reward to every call.
 
-**A program that misbehaves never crashes the trainer.** It raises: the episode ends,
-reward 0, flag ``program_error`` (``info["error"]`` has the exception). It calls an
+**A program that misbehaves never crashes the trainer.** It raises (any exception,
+``SystemExit`` and ``GeneratorExit`` included; ``KeyboardInterrupt`` still stops the
+process): the episode ends, reward 0, flag ``program_error``; ``info["error"]`` has the
+exception and ``info["program_traceback"]`` its traceback (at most
+:data:`MAX_TRACEBACK_CHARS` characters, head and tail kept). It calls an
 unknown role or passes malformed messages: a ``WorkflowError`` is raised *inside the
-program* at that call (it may catch it) and the step is flagged ``unknown_role`` /
-``bad_messages``. It returns something that is not a number or a dict of finite
-numbers: reward 0, flag ``bad_program_return``. It calls more than ``max_calls``
-times: the program is closed, reward 0, the episode is truncated, flag
+program* at that call (it may catch it), the step is flagged ``unknown_role`` /
+``bad_messages`` (the episode's final flags too) and ``info["rejected_calls"]`` keeps the
+first messages. Messages over ``max_prompt_chars`` characters in all are rejected the same
+way (flag ``messages_too_long``): ``env.messages(role)`` and ``observe`` stay within the
+cap. It returns something that is not a number or a dict of finite numbers (or a number
+too large for a float, ``10**400``): reward 0, flag ``bad_program_return``. It calls more
+than ``max_calls`` times, rejected calls included (a program that retries a bad call in a
+``try`` loop ends there): the program is closed, reward 0, the episode is truncated, flag
 ``max_calls_exceeded``. It awaits anything but ``team.call`` (``asyncio.sleep``):
 flag ``foreign_await``, reward 0. It runs calls concurrently (``asyncio.gather`` or
 ``create_task`` of several ``team.call``): flag ``concurrent_calls``, reward 0, and
@@ -61,16 +68,20 @@ functions, or ``"module:function"`` strings).
 
 Info keys at the end: ``turn`` (0), ``team_reward``, ``reward_components``,
 ``attribution`` (equal shares among the roles that were called), ``grade``, ``flags``,
-``call_order``, ``calls_per_role``, ``num_calls``, ``problem_id`` and ``error``
-(None or the program's exception). After each call: ``{"turn": 0, "flags", "call"}``
+``call_order``, ``calls_per_role``, ``num_calls``, ``problem_id``, ``error``
+(None or what went wrong), ``program_traceback`` (None or the program's exception with
+its traceback) and ``rejected_calls`` (the messages of rejected calls, at most 5).
+``grade`` is the *last* ``team.grade`` the program made (else ``correct`` is
+``reward > 0``): it is what an evaluation's accuracy counts. After each call: ``{"turn": 0, "flags", "call"}``
 (the call's index).
 
 Arguments of :func:`make_workflow_env`: ``program`` (a coroutine function or a
 ``"module:function"`` path), ``roles``, ``problems`` (a Task, a task name such as
 ``"arith"``, or a list of :class:`~marft_envs.tasks.base.Problem` / dicts / strings),
 ``sampling`` (per-role sampling settings, as in a profile), ``max_calls`` (32),
-``max_action_chars`` (4096), ``render_mode``; other keywords (``split``, ``digits``,
-...) go to the task when ``problems`` names one.
+``max_action_chars`` (4096), ``max_prompt_chars`` (262144), ``render_mode``; other
+keywords (``split``, ``digits``, ...) go to the task when ``problems`` names one (a
+keyword that neither takes raises ``EnvArgumentError`` with the closest valid names).
 
 Version history: v0: initial release.
 """
@@ -83,6 +94,7 @@ import inspect
 import logging
 import math
 import numbers
+import traceback
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -96,6 +108,7 @@ from marft_envs.tasks.base import GradeResult, Problem, Task
 from marft_envs.topology import SeeAll, TopologyError, _unique
 
 __all__ = [
+    "MAX_TRACEBACK_CHARS",
     "ProblemList",
     "ProgramOrder",
     "WorkflowCall",
@@ -110,6 +123,14 @@ __all__ = [
 logger = logging.getLogger("marft_envs")
 
 Program = Callable[[Any, Problem], Awaitable[Any]]
+
+#: What a program may raise and still only end its episode (reward 0, ``program_error``):
+#: every exception, plus ``SystemExit`` and ``GeneratorExit``. ``KeyboardInterrupt`` still
+#: stops the process (it is the user's Ctrl-C).
+_PROGRAM_EXCEPTIONS: tuple[type[BaseException], ...] = (Exception, SystemExit, GeneratorExit)
+
+#: The keyword arguments of :class:`WorkflowEnv` itself (for the did-you-mean of a typo).
+_ENV_OPTIONS = ("sampling", "max_calls", "max_action_chars", "max_prompt_chars", "render_mode")
 
 
 class WorkflowError(ValueError):
@@ -265,17 +286,27 @@ class WorkflowTeam:
         return f"WorkflowTeam({self.roles})"
 
 
-def _check_messages(messages: Any) -> list[dict[str, Any]]:
+class _MessagesTooLong(WorkflowError):
+    """The messages of one call exceed ``max_prompt_chars`` (flag ``messages_too_long``)."""
+
+
+def _check_messages(messages: Any, max_chars: int) -> list[dict[str, Any]]:
     if isinstance(messages, str):
-        return [{"role": "user", "content": messages}]  # a bare prompt is one user message
+        messages = [{"role": "user", "content": messages}]  # a bare prompt is one user message
     if not isinstance(messages, Sequence) or not messages:
-        raise WorkflowError(f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.80}")
-    out = []
+        raise WorkflowError(f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {_safe_repr(messages, 80)}")
+    total = -2
     for k, m in enumerate(messages):
         if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise WorkflowError(f"message {k} must be a dict with string 'role' and 'content', got {m!r:.80}")
-        out.append(copy.deepcopy(dict(m)))
-    return out
+            raise WorkflowError(f"message {k} must be a dict with string 'role' and 'content', got {_safe_repr(m, 80)}")
+        # The length of observe()'s text, "[role]: content" joined by blank lines: a call
+        # within the cap is observed whole, and a million empty messages are over it too.
+        total += len(m["role"]) + len(m["content"]) + 6
+        if total > max_chars:  # checked before any copy: messages() and observe() stay within the cap
+            raise _MessagesTooLong(
+                f"team.call: the messages (from message {k} on) exceed max_prompt_chars={max_chars} characters "
+                "as text: shorten them (keep only the history the role needs) or raise max_prompt_chars")
+    return [copy.deepcopy(dict(m)) for m in messages]
 
 
 def _tool_schemas(tools: Any) -> list[dict[str, Any]]:
@@ -292,6 +323,33 @@ def _tool_schemas(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _check_task_options(where: str, task_cls: type | None, options: Mapping[str, Any]) -> None:
+    """Raise a clear ``EnvArgumentError`` for a keyword that neither the workflow env nor
+    its task takes (a typo such as ``max_call``), naming it and the closest valid names."""
+    import difflib
+
+    from marft_envs.registration import EnvArgumentError, accepted_arguments
+
+    task_names = accepted_arguments(task_cls) if task_cls is not None else []
+    if task_names is None:
+        return  # the task takes **kwargs: it judges them itself
+    unknown = [k for k in options if k not in task_names]
+    if not unknown:
+        return
+    valid = [*_ENV_OPTIONS, *task_names]
+    bad = unknown[0]
+    close = difflib.get_close_matches(bad, valid, n=3, cutoff=0.6)
+    msg = f"the workflow env has no option {bad!r}"
+    if close:
+        msg += f"; did you mean {' or '.join(map(repr, close))}?"
+    if len(unknown) > 1:
+        msg += f" (also unknown: {', '.join(map(repr, unknown[1:]))})"
+    msg += f"; its options: {', '.join(_ENV_OPTIONS)}"
+    msg += (f"; options of {where}: {', '.join(task_names) or '(none)'}" if task_cls is not None
+            else f"; other keywords go to the task only when problems names one, not with {where}")
+    raise EnvArgumentError(msg)
+
+
 def _resolve_program(program: Program | str) -> Program:
     if isinstance(program, str):
         if ":" not in program:
@@ -303,23 +361,83 @@ def _resolve_program(program: Program | str) -> Program:
     return program  # type: ignore[return-value]
 
 
-def _reward_components(value: Any) -> dict[str, float] | None:
-    """The program's return value as reward components, or None if it is not one."""
+def _safe_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters; never raises (a program's return value
+    may have a broken ``__repr__``, or be an int too long to print)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - any object a program returns
+        return f"<{type(value).__name__} with an unprintable repr>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe_exception(e: BaseException) -> str:
+    """``"Type: message"``; never raises (``str(e)`` may)."""
+    try:
+        return f"{type(e).__name__}: {e}"
+    except Exception:  # noqa: BLE001 - an exception with a broken __str__
+        return f"{type(e).__name__}: <unprintable message>"
+
+
+#: Longest ``info["program_traceback"]`` kept (head and tail of longer ones).
+MAX_TRACEBACK_CHARS = 4096
+
+
+def _bounded_traceback(e: BaseException) -> str:
+    """The program's traceback as text, at most :data:`MAX_TRACEBACK_CHARS` characters:
+    the head (where the program was entered) and the tail (where it failed) of a long one."""
+    tb = e.__traceback__
+    if tb is not None and tb.tb_frame.f_code is WorkflowEnv._advance.__code__:
+        tb = tb.tb_next  # drop the env's own frame: the traceback starts in the program
+    try:
+        text = "".join(traceback.format_exception(type(e), e, tb))
+    except Exception:  # noqa: BLE001 - formatting must never fail the episode
+        text = _describe_exception(e)
+    if len(text) <= MAX_TRACEBACK_CHARS:
+        return text
+    note = "\n  ... [{} characters cut] ...\n"
+    head = 1024
+    tail = MAX_TRACEBACK_CHARS - head - len(note.format(len(text)))
+    return text[:head] + note.format(len(text) - head - tail) + text[-tail:]
+
+
+def _real(v: Any) -> tuple[float | None, str]:
+    """``float(v)`` of a finite real (bools excluded), else None and why."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        return None, f"{type(v).__name__} is not a number"
+    try:
+        f = float(v)
+    except OverflowError:
+        return None, f"{_safe_repr(v, 30)} overflows a float (OverflowError)"
+    except Exception as e:  # noqa: BLE001 - a Real subclass with a broken __float__
+        return None, f"float() of it raised {_describe_exception(e)}"
+    if not math.isfinite(f):
+        return None, f"{f} is not finite"
+    return f, ""
+
+
+def _reward_components(value: Any) -> tuple[dict[str, float] | None, str]:
+    """The program's return value as reward components, or None and why it is not one."""
     if isinstance(value, (bool, np.bool_)):
-        return {"program": float(value)}
+        return {"program": float(value)}, ""
     if isinstance(value, numbers.Real):
-        v = float(value)
-        return {"program": v} if math.isfinite(v) else None
+        v, why = _real(value)
+        return ({"program": v} if v is not None else None), why
     if isinstance(value, Mapping) and value:
         out = {}
-        for k, v in value.items():
-            if not isinstance(k, str) or isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-                return None
-            if not math.isfinite(float(v)):
-                return None
-            out[k] = float(v)
-        return out
-    return None
+        try:
+            items = list(value.items())
+        except Exception as e:  # noqa: BLE001 - a Mapping with a broken items()
+            return None, f"its items() raised {_describe_exception(e)}"
+        for k, v in items:
+            if not isinstance(k, str):
+                return None, f"key {_safe_repr(k, 30)} is not a str"
+            f, why = _real(v)
+            if f is None:
+                return None, f"component {k[:40]!r}: {why}"
+            out[k] = f
+        return out, ""
+    return None, "not a number or a non-empty dict of numbers"
 
 
 class WorkflowEnv(TextAECEnv):
@@ -347,13 +465,15 @@ class WorkflowEnv(TextAECEnv):
         self._check_render_mode(render_mode)
         if isinstance(problems, Task):
             if task_options:
-                raise TypeError(f"unexpected arguments {sorted(task_options)} with a Task instance")
+                _check_task_options("a Task instance", None, task_options)
             self.task = problems
         elif isinstance(problems, str):
-            self.task = resolve_task_class(problems)(**task_options)
+            task_cls = resolve_task_class(problems)
+            _check_task_options(f"task {problems!r} ({task_cls.__name__})", task_cls, task_options)
+            self.task = task_cls(**task_options)
         else:
             if task_options:
-                raise TypeError(f"unexpected arguments {sorted(task_options)} with a problem list")
+                _check_task_options("a problem list", None, task_options)
             self.task = ProblemList(problems)
         self.team = WorkflowTeam(self, roles, sampling)
         self.max_calls = int(max_calls)
@@ -371,6 +491,9 @@ class WorkflowEnv(TextAECEnv):
         self._flags: list[str] = []
         self._step_flags: list[str] = []
         self._error: str | None = None
+        self._traceback: str | None = None  # the program's exception, formatted (bounded)
+        self._rejected = 0  # team.calls rejected this episode (unknown role, bad messages): they count too
+        self._rejections: list[str] = []  # the first few rejection messages (info["rejected_calls"])
         self._rng_state: dict[str, Any] | None = None  # the generator at reset (replayed on restore)
         self._issued: list[_Request] = []  # every team.call of this episode, awaited or not
         self._warned_concurrent = False
@@ -407,8 +530,8 @@ class WorkflowEnv(TextAECEnv):
             except StopIteration as stop:
                 self._finish(stop.value)
                 return
-            except Exception as e:  # the program raised: end the episode, reward 0
-                self._error = f"{type(e).__name__}: {e}"
+            except _PROGRAM_EXCEPTIONS as e:  # the program raised: end the episode, reward 0
+                self._program_failed(e)
                 if not self._concurrent_calls():
                     self._flags.append("program_error")
                     self.stats["program_errors"] += 1
@@ -419,37 +542,67 @@ class WorkflowEnv(TextAECEnv):
                 self._error = f"the program awaited {type(request).__name__}; only team.call can be awaited"
                 if not self._concurrent_calls():
                     self._flags.append("foreign_await")
-                self._coro.close()
+                self._close_program()
                 self._finish(None, failed=True)
                 return
-            if len(self.calls) >= self.max_calls:
+            if len(self.calls) + self._rejected >= self.max_calls:
                 self._error = f"more than max_calls={self.max_calls} calls"
+                if self._rejected:
+                    self._error += f" ({self._rejected} of them rejected: unknown role or bad messages)"
                 self._flags.append("max_calls_exceeded")
                 self.stats["max_calls_exceeded"] += 1
-                self._coro.close()
+                self._close_program()
                 self._finish(None, failed=True, truncated=True)
                 return
             try:
-                if request.role not in self.possible_agents:
+                role = request.role
+                # Compared as a plain str: a role object with its own __eq__/__hash__ never runs here.
+                role = str.__str__(role) if isinstance(role, str) else None
+                if role is None or role not in self.possible_agents:
                     self._step_flags.append("unknown_role")
-                    raise WorkflowError(f"team.call: unknown role {request.role!r:.60}; roles are {self.possible_agents}")
+                    raise WorkflowError(f"team.call: unknown role {_safe_repr(request.role)}; "
+                                        f"roles are {self.possible_agents}")
                 try:
-                    messages = _check_messages(request.messages)
+                    messages = _check_messages(request.messages, self._max_prompt)
                     tools = _tool_schemas(request.tools)
+                except _MessagesTooLong:
+                    self._step_flags.append("messages_too_long")
+                    raise
                 except WorkflowError:
                     self._step_flags.append("bad_messages")
                     raise
                 except Exception as e:
                     self._step_flags.append("bad_messages")
-                    raise WorkflowError(f"team.call: bad tools: {type(e).__name__}: {e}") from None
+                    raise WorkflowError(f"team.call: bad messages or tools: {_describe_exception(e)}") from None
             except WorkflowError as e:
                 self.stats["bad_calls"] += 1
+                self._rejected += 1
+                self._flags.append(self._step_flags[-1])  # the episode's final info says so too
+                if len(self._rejections) < 5:
+                    self._rejections.append(str(e)[:300])
                 value = e  # raised inside the program at its call
                 continue
-            self._pending = WorkflowCall(request.role, messages, tools)
+            self._pending = WorkflowCall(role, messages, tools)
             self.calls.append(self._pending)
-            self.agent_selection = request.role
+            self.agent_selection = role
             return
+
+    def _program_failed(self, e: BaseException) -> None:
+        """Record the program's exception: its text (``info["error"]``) and its bounded
+        traceback (``info["program_traceback"]``)."""
+        self._error = _describe_exception(e)
+        self._traceback = _bounded_traceback(e)
+
+    def _close_program(self) -> None:
+        """Close the suspended program; one that ignores or answers the ``GeneratorExit``
+        (a bare ``except:``) is dropped all the same."""
+        coro, self._coro = self._coro, None
+        if coro is None:
+            return
+        try:
+            coro.close()
+        except _PROGRAM_EXCEPTIONS as e:
+            logger.info("%s: the program misbehaved on close: %s", self, _describe_exception(e))
 
     def _concurrent_calls(self) -> bool:
         """Whether the program failed because it ran ``team.call``s concurrently (calls it
@@ -474,10 +627,14 @@ class WorkflowEnv(TextAECEnv):
     def _finish(self, value: Any, *, failed: bool = False, truncated: bool = False) -> None:
         self._coro = None
         self._pending = None
-        components = None if failed else _reward_components(value)
+        try:
+            components, why = (None, "") if failed else _reward_components(value)
+        except Exception as e:  # noqa: BLE001 - e.g. a Mapping whose __len__ raises
+            components, why = None, f"reading it raised {_describe_exception(e)}"
         if components is None:
             if not failed:
-                self._error = f"the program returned {type(value).__name__} {value!r:.60}, not a number or a dict of numbers"
+                self._error = (f"the program returned {type(value).__name__} {_safe_repr(value)}: {why}; "
+                               "return a finite number or a dict of finite numbers")
                 self._flags.append("bad_program_return")
             components = {"program": 0.0}
         team_reward = float(sum(components.values()))
@@ -509,6 +666,8 @@ class WorkflowEnv(TextAECEnv):
                 "num_calls": len(self.calls),
                 "problem_id": self.problem.id if self.problem else None,
                 "error": self._error,
+                "program_traceback": self._traceback,
+                "rejected_calls": list(self._rejections),
             }
         self._end_episode(truncated=truncated)
 
@@ -518,25 +677,25 @@ class WorkflowEnv(TextAECEnv):
         self._issued = []
         self._pending = None
         self._last_grade = None
-        self._flags, self._step_flags, self._error = [], [], None
+        self._flags, self._step_flags, self._error, self._traceback = [], [], None, None
+        self._rejected, self._rejections = 0, []
         self._start_episode()
         self.agent_selection = self.agents[0]
         try:
             self._coro = self.program(self.team, self.problem)
-        except Exception as e:
-            self._error = f"{type(e).__name__}: {e}"
+        except _PROGRAM_EXCEPTIONS as e:
+            self._program_failed(e)
             self._flags.append("program_error")
             self._finish(None, failed=True)
             return
         self._advance(None)
-        if self.agents and self._step_flags:  # a bad call before the first step is flagged too
-            self.infos[self.agent_selection]["flags"] = list(self._step_flags)
+        if self._coro is not None and self._step_flags:  # a bad call before the first step is flagged too
+            self.infos[self.agent_selection]["flags"] = list(dict.fromkeys(self._step_flags))
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Draw a problem (``seed``; ``options={"problem_index": k}`` picks one) and run the
         program to its first call."""
-        if self._coro is not None:
-            self._coro.close()
+        self._close_program()
         self._seed(seed)
         options = dict(options or {})
         if "problem_index" in options:
@@ -645,9 +804,7 @@ class WorkflowEnv(TextAECEnv):
 
     def close(self) -> None:
         """Close a suspended program."""
-        if self._coro is not None:
-            self._coro.close()
-            self._coro = None
+        self._close_program()
 
     def __repr__(self) -> str:
         return f"WorkflowEnv({getattr(self.program, '__name__', 'program')}, roles={self.possible_agents})"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import marft_envs
 from marft_envs import make_workflow_env
 from marft_envs.tasks.base import GradeResult, Problem
-from marft_envs.testing import check_env
+from marft_envs.testing import PROGRAM_BUG_FLAGS, check_env
 
 PROBLEMS = [Problem("p/0", "2+2?", "4"), Problem("p/1", "3+3?", "6")]
 
@@ -132,7 +132,11 @@ def test_a_misbehaving_program_ends_the_episode_with_reward_zero_and_a_flag(prog
     info = env.infos["writer"]
     assert flag in info["flags"] and info["team_reward"] == reward and info["grade"]["correct"] is False
     assert info["error"]
-    check_env(env, n_episodes=2, pettingzoo_checks=False)  # and the contract holds throughout
+    if PROGRAM_BUG_FLAGS & set(info["flags"]):  # misuses team.call on every episode: a broken program
+        with pytest.raises(AssertionError, match="misused team.call on every one of the 2 episodes"):
+            check_env(env, n_episodes=2, pettingzoo_checks=False)  # (after the contract held throughout)
+    else:
+        check_env(env, n_episodes=2, pettingzoo_checks=False)  # the contract holds throughout
 
 
 def test_unknown_role_is_raised_inside_the_program_at_its_call():

@@ -11,7 +11,10 @@ Containment (every run)
 -----------------------
 Each run is a fresh process in its own session/process group, in a fresh
 temporary work dir (removed afterwards), with stdin closed, stdout/stderr
-captured up to a cap (the rest is drained and dropped), an environment holding
+captured up to a cap (the rest is drained and dropped; ``run_program`` kills a
+program once one stream passes the drain cap, :func:`output_drain_bytes`, at least
+1 MiB, and returns the heads with ``output_overflow`` set, instead of leaving it
+blocked on a full pipe until the timeout), an environment holding
 only ``PATH, HOME, TMPDIR, LANG`` (nothing inherited), and rlimits: CPU time,
 address space, file size, open files, no core files, process count. A
 wall-clock timeout SIGKILLs the process group, every descendant found in
@@ -60,6 +63,19 @@ forces one):
     (``describe_isolation()["filesystem"]`` says which case holds). While such a
     run is live the grader process is non-dumpable (its ``/proc`` entries need
     CAP_SYS_PTRACE), which keeps a same-uid program out of them.
+
+What ``/proc`` shows the program: under bwrap, a fresh ``/proc`` of its own pid
+namespace, where pid 1 is bwrap's reaper with the neutral command line ``bwrap --args
+N /bin/sh .marft_start`` (bwrap reads its mount options from a file descriptor, so the
+host's layout is not on it) and the program's own process is the interpreter, whose path
+is also ``sys.executable``. Under ``unshare-net``, pid 1 *is* the program's own
+process: its command line shows the interpreter's host path and the work dir (nothing of
+the grader). At the fallback level there is no pid namespace: with Landlock, ``/proc``
+is unreadable; without it, the program can read the command line of every process on
+the host (``/proc/<pid>/cmdline`` is world-readable unless ``/proc`` is mounted with
+``hidepid``), the grader's included. At every
+level the stub's configuration travels in a file that the stub deletes before the
+program starts, never on a command line.
 
 IPC: bwrap and unshare give the program its own IPC namespace (its SysV objects
 and POSIX message queues die with it; ``/dev/shm`` is a private tmpfs); the

@@ -742,7 +742,14 @@ def main() -> None:
     """Dispatch ``stub``/``checker`` from the command line."""
     mode = sys.argv[1]
     if mode == "stub":
-        stub_main(json.loads(sys.argv[2]))
+        arg = sys.argv[2]
+        if arg.startswith("@"):  # a file the grader wrote: read, then delete (the program must not)
+            with open(arg[1:], encoding="utf-8") as f:
+                cfg = json.load(f)
+            os.unlink(arg[1:])
+        else:
+            cfg = json.loads(arg)
+        stub_main(cfg)
     elif mode == "checker":
         checker_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     else:

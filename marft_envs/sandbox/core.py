@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import selectors
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,7 @@ __all__ = [
     "available_levels",
     "describe_isolation",
     "isolation_level",
+    "output_drain_bytes",
     "run_many",
     "run_program",
     "run_tests",
@@ -51,6 +53,7 @@ _CGROUP_FAILED = 98  # the wrapper shell could not join the run's cgroups
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _MAX_REPORT = 1 << 20  # bytes per checker report frame
 _TMPFS_BYTES = 64 * 2**20  # the private /tmp under bwrap is RAM: keep it small
+_LAUNCHER = ".marft_start"  # the bwrap command's script, in the work dir
 
 
 class SandboxUnavailable(RuntimeError):
@@ -71,7 +74,11 @@ class TestResult:
 
 @dataclass
 class ProgramResult:
-    """Outcome of ``run_program``."""
+    """Outcome of ``run_program``.
+
+    ``output_truncated``: a stream went past ``max_output`` (its head is kept);
+    ``output_overflow``: the program wrote more than :func:`output_drain_bytes` to a stream
+    and was killed there (``exit_code`` -9, not ``timed_out``), its heads kept."""
 
     exit_code: int | None
     stdout: str
@@ -80,6 +87,7 @@ class ProgramResult:
     duration: float
     isolation: str
     output_truncated: bool = False
+    output_overflow: bool = False
 
     @property
     def ok(self) -> bool:
@@ -372,12 +380,23 @@ def _kill(proc: subprocess.Popen, cgs: Sequence[str] = (), scan: bool = True) ->
         time.sleep(0.002)
 
 
+def output_drain_bytes(max_output: int) -> int:
+    """Bytes of one stream read (the first ``max_output`` kept) before the grader stops
+    reading it: ``run_program`` then kills the program (``output_overflow``)."""
+    return max(16 * max_output, 1 << 20)
+
+
 class _Capture:
     """Keeps the first ``cap`` bytes of a stream; drains and drops the rest."""
 
     def __init__(self, cap: int) -> None:
         self.cap, self.buf, self.truncated = cap, bytearray(), False
-        self.seen, self.drain = 0, max(16 * cap, 1 << 20)
+        self.seen, self.drain = 0, output_drain_bytes(cap)
+
+    @property
+    def overflow(self) -> bool:
+        """The writer went past the drain cap (it would now block on a full pipe)."""
+        return self.seen >= self.drain
 
     def feed(self, data: bytes) -> bool:
         """Keep the head; False (stop reading: the writer then blocks on a full pipe
@@ -547,9 +566,13 @@ def _landlock_reads(view: _View) -> list[list[str]]:
     return rules
 
 
-def _stub_command(level: str, workdir: str, cfg: dict, runner: str) -> list[str]:
+def _stub_command(level: str, workdir: str, cfg_path: str, runner: str) -> tuple[list[str], list[str] | None]:
+    """The command that starts the stub, and for bwrap the options to pass on a file
+    descriptor (``--args``): pid 1 of the sandbox is bwrap, and the program can read its
+    command line, so it must name no host path (only ``/bin/sh`` and a launcher script
+    in the work dir, which execs the stub)."""
     view = _program_view()
-    stub = [view.python, *_python_flags(), "-u", runner, "stub", json.dumps(cfg)]
+    stub = [view.python, *_python_flags(), "-u", runner, "stub", "@" + cfg_path]
     if level == "bwrap":
         # An empty root: only the interpreter, its stdlib and shared libraries, read-only.
         cmd = ["bwrap"]
@@ -573,12 +596,14 @@ def _stub_command(level: str, workdir: str, cfg: dict, runner: str) -> list[str]
             cmd += ["--unshare-user"]
         for k, v in _clean_env(workdir).items():
             cmd += ["--setenv", k, v]
-        return cmd + stub
+        with open(os.path.join(workdir, _LAUNCHER), "w", encoding="utf-8") as f:
+            f.write("exec " + " ".join(shlex.quote(a) for a in stub) + "\n")
+        return ["bwrap", "--args", "{fd}", "/bin/sh", _LAUNCHER], cmd[1:]
     if level == "unshare-net":
         user = [] if _drops_uid(level) else ["--user", "--map-root-user"]
         return ["unshare", *user, "--net", "--pid", "--ipc", "--uts", "--fork",
-                "--kill-child", "--mount", "--mount-proc"] + stub
-    return stub
+                "--kill-child", "--mount", "--mount-proc"] + stub, None
+    return stub, None
 
 
 def _clean_env(workdir: str) -> dict[str, str]:
@@ -650,7 +675,20 @@ class _Run:
             self.resp_r, self.resp_w = os.pipe()
             cfg.update(req=self.req_r, resp=self.resp_w)
             pass_fds = (self.req_r, self.resp_w)
-        cmd = _stub_command(level, self.workdir, cfg, runner)
+        # The configuration travels in a file the stub reads and deletes, not on its
+        # command line (which the program can read in /proc).
+        cfg_path = os.path.join(self.workdir, ".marft_stub.json")
+        with open(os.open(cfg_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+        cmd, bwrap_args = _stub_command(level, self.workdir, cfg_path, runner)
+        args_file = None
+        if bwrap_args is not None:
+            args_file = tempfile.TemporaryFile()  # bwrap reads its options from it (--args)
+            args_file.write(b"".join(a.encode() + b"\0" for a in bwrap_args))
+            args_file.flush()
+            args_file.seek(0)
+            cmd = [a.replace("{fd}", str(args_file.fileno())) for a in cmd]
+            pass_fds = (*pass_fds, args_file.fileno())
         values = {"pids": max_processes + 4 if max_processes else None,
                   "memory": (memory_mb + 256) * 2**20 if memory_mb else None}
         plan = _cgroup_plan()
@@ -664,10 +702,14 @@ class _Run:
                    f'while [ "$1" != -- ]; do echo $$ > "$1" || exit {_CGROUP_FAILED}; '
                    'shift; done; shift; exec "$@"', "sh",
                    *[os.path.join(cg, "cgroup.procs") for cg in self.cgs], "--", *cmd]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=self.workdir, env=_clean_env(self.workdir), pass_fds=pass_fds,
-            start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=self.workdir, env=_clean_env(self.workdir), pass_fds=pass_fds,
+                start_new_session=True)
+        finally:
+            if args_file is not None:
+                args_file.close()
         if serve:  # the grader keeps no end that the program uses
             os.close(self.req_r)
             os.close(self.resp_w)
@@ -773,6 +815,10 @@ def _run_program(program: str, *, level: str, timeout: float, memory_mb: int | N
             def ended() -> bool:
                 # Done at EOF after exit; a background child that keeps the pipes open
                 # gets 0.1 s of grace after the program itself exits, then is killed.
+                # A flood past the drain cap ends the run now: the writer would only
+                # block on the full pipe until the timeout, and its head is already kept.
+                if out.overflow or err.overflow:
+                    return True
                 if proc.poll() is None:
                     return False
                 if not exited:
@@ -785,7 +831,8 @@ def _run_program(program: str, *, level: str, timeout: float, memory_mb: int | N
     assert run.proc is not None
     return ProgramResult(exit_code=run.proc.returncode, stdout=out.text(), stderr=err.text(),
                          timed_out=not finished, duration=time.monotonic() - t0,
-                         isolation=level, output_truncated=out.truncated or err.truncated)
+                         isolation=level, output_truncated=out.truncated or err.truncated,
+                         output_overflow=out.overflow or err.overflow)
 
 
 def run_tests(program: str, tests: str | Sequence[str], *, entry_point: str | None = None,

@@ -10,10 +10,12 @@ search         ``query`` (string), ``k`` (1-10, default 3)  the task's retriever
 
 ``python`` prints what the program prints (stdout, then stderr if it failed);
 the program gets :data:`PYTHON_TIMEOUT` seconds and :data:`PYTHON_MEMORY_MB` MB
-in the strongest isolation the machine offers. ``search`` needs a task with a
-``search_documents(query, k, problem)`` method (:class:`~marft_envs.tasks.rag.RAGTask`;
-one that also takes ``agent=`` gets the calling agent); on other tasks it answers with
-an error message.
+in the strongest isolation the machine offers. A program that prints more than
+1 MiB is stopped there and the first :data:`PYTHON_MAX_OUTPUT` bytes come back,
+headed ``[output truncated: ...]``; one stopped at the timeout keeps what it printed.
+``search`` needs a task with a ``search_documents(query, k, problem)`` method
+(:class:`~marft_envs.tasks.rag.RAGTask`; one that also takes ``agent=`` gets the calling
+agent); on other tasks it answers with an error message.
 
 Profiles name them through :data:`marft_envs.tools.base.BUILTIN_TOOLS`, which points at the
 factories below; this module registers nothing on import.
@@ -27,10 +29,11 @@ from typing import Any
 from marft_envs.tools.base import Tool, ToolContext, ToolError, ToolTimeoutError
 from marft_envs.tools.calculator import CalculatorError, calculate
 
-__all__ = ["PYTHON_MEMORY_MB", "PYTHON_TIMEOUT", "calculator_tool", "python_tool", "search_tool"]
+__all__ = ["PYTHON_MAX_OUTPUT", "PYTHON_MEMORY_MB", "PYTHON_TIMEOUT", "calculator_tool", "python_tool", "search_tool"]
 
 PYTHON_TIMEOUT = 5.0
 PYTHON_MEMORY_MB = 512
+PYTHON_MAX_OUTPUT = 16_384  # bytes of stdout (and of stderr) kept
 
 
 def _calculator(expression: str) -> str:
@@ -40,12 +43,26 @@ def _calculator(expression: str) -> str:
         raise ToolError(str(e)) from None
 
 
-def _python(code: str) -> str:
-    from marft_envs.sandbox import run_program
+def _printed(result: Any) -> str:
+    """What a stopped program printed: its stdout head, then its stderr head (if any)."""
+    text = result.stdout
+    if result.stderr.strip():
+        text += ("\n" if text and not text.endswith("\n") else "") + "[stderr]\n" + result.stderr
+    return text
 
-    result = run_program(code, timeout=PYTHON_TIMEOUT, memory_mb=PYTHON_MEMORY_MB, max_output=16_384)
+
+def _python(code: str) -> str:
+    from marft_envs.sandbox import output_drain_bytes, run_program
+
+    result = run_program(code, timeout=PYTHON_TIMEOUT, memory_mb=PYTHON_MEMORY_MB, max_output=PYTHON_MAX_OUTPUT)
+    if result.output_overflow:  # killed at the drain cap: the head is the answer, flagged
+        mib = output_drain_bytes(PYTHON_MAX_OUTPUT) / 2**20
+        return (f"[output truncated: the program printed more than {mib:g} MiB and was stopped; "
+                f"the first {PYTHON_MAX_OUTPUT} bytes of its output follow]\n{_printed(result)}")
     if result.timed_out:
-        raise ToolTimeoutError(f"the program ran longer than {PYTHON_TIMEOUT:g} s and was stopped")
+        printed = _printed(result)
+        raise ToolTimeoutError(f"the program ran longer than {PYTHON_TIMEOUT:g} s and was stopped"
+                               + (f"; it printed:\n{printed}" if printed.strip() else ""))
     out = result.stdout
     if result.exit_code != 0:
         err = result.stderr.strip().splitlines()
