@@ -7,6 +7,7 @@
     marft list-envs | list-algos
     marft leaderboard --suite arith --limit 200 --checkpoint duo-grpo=runs/duo-grpo --out runs/leaderboard
     marft quickstart [--out runs/quickstart] [--minutes 6]
+    marft serve --model smollm2-135m --roles planner,solver [--checkpoint RUN] [--host] [--port] [--api-key]
 
 Every field of the chosen algorithm's config is also a flag (``--group-size 8``);
 ``marft train --algo grpo --help`` lists them. Precedence: defaults < --config < flags < --set.
@@ -90,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(the same as benchmarks/leaderboard.py; see benchmarks/README.md).",
     )
     add_leaderboard_arguments(lb)  # one set of options for the CLI and the script
+
+    from marft_algos.serve.cli import add_arguments as add_serve_arguments
+
+    add_serve_arguments(sub.add_parser("serve", help="serve the team as an OpenAI-compatible endpoint, model = role (docs/programs.md)"))
 
     p.train_parser = t  # type: ignore[attr-defined]  (for `train --help` with algorithm options)
 
@@ -524,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_leaderboard(args)
         if args.command == "quickstart":
             return cmd_quickstart(args)
+        if args.command == "serve":
+            from marft_algos.serve.cli import run as run_serve
+
+            return run_serve(args)
     except user_errors as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"marft {args.command}: error: {msg}", file=sys.stderr)

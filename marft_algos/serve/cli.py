@@ -9,6 +9,7 @@ OpenAI-compatible endpoint, ``model`` = role.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -38,8 +39,9 @@ def _roles(text: str | None) -> list[str]:
 
 def build_server(args: argparse.Namespace) -> Any:
     """The :class:`~marft_algos.serve.server.TeamServer` the options describe (not started)."""
-    from marft_algos.serve.server import TeamServer
+    from marft_algos.serve.server import API_KEY_ENV, TeamServer, check_exposure
 
+    check_exposure(args.host, args.api_key or os.environ.get(API_KEY_ENV))  # before loading any model
     roles = _roles(args.roles)
     defaults: dict[str, dict[str, Any]] = {}
     if args.checkpoint:

@@ -18,12 +18,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from marft_algos.models.sampling import GenResult
 from marft_algos.serve.app import Dispatch, build_app
 from marft_algos.serve.batcher import EngineBatcher
-from marft_algos.serve.protocol import DEFAULT_LIMITS, Limits
+from marft_algos.serve.protocol import DEFAULT_LIMITS, ChatCall, Limits
 
 __all__ = ["API_KEY_ENV", "LOOPBACK", "LoopbackServer", "TeamServer", "check_exposure"]
 
@@ -117,6 +118,9 @@ class TeamServer(LoopbackServer):
         window_s: the batching window.
         dispatch: replace the batcher (a program env routes calls through its episodes).
         episodes: serve the ``/episodes/{id}/v1`` routes too.
+        record: ``record(episode, call, results)`` after each call the batcher answered
+            (the exact prompt ids are ``call.prompt_ids``; sampled ids and log-probs are in
+            ``results``), e.g. to write transcripts.
     """
 
     def __init__(
@@ -133,14 +137,18 @@ class TeamServer(LoopbackServer):
         window_s: float = 0.01,
         dispatch: Dispatch | None = None,
         episodes: bool = False,
+        record: Callable[[str | None, ChatCall, list[GenResult]], None] | None = None,
     ) -> None:
         api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         check_exposure(host, api_key)
         self.policy = policy
         self.batcher = EngineBatcher(getattr(policy, "engine", policy), window_s=window_s, max_requests=getattr(policy, "max_batch", 64))
 
-        def plain(episode: str | None, call: Any) -> Any:
-            return self.batcher.submit([call.engine_request()], seed=call.seed)
+        def plain(episode: str | None, call: ChatCall) -> Any:
+            fut = self.batcher.submit([call.engine_request()], seed=call.seed)
+            if record is not None:
+                fut.add_done_callback(lambda f: f.exception() is None and record(episode, call, f.result()))
+            return fut
 
         app = build_app(policy, dispatch or plain, roles=roles, parser=parser, limits=limits, api_key=api_key,
                         role_defaults=role_defaults, episodes=episodes)
