@@ -78,16 +78,23 @@ def build_app(
     api_key: str | None = None,
     role_defaults: Mapping[str, Mapping[str, Any]] | None = None,
     episodes: bool = False,
+    roles_of: Callable[[str | None], Sequence[str]] | None = None,
+    on_refused: Callable[[str | None, OpenAIError], None] | None = None,
 ) -> Any:
     """The ASGI app serving ``roles`` (default: all of ``policy.roles``).
 
     ``policy`` gives each role's tokenizer and context window (``tokenizer(role)``,
     ``max_context(role)``); ``dispatch`` generates (see :data:`Dispatch`); ``api_key``:
     every request must send ``Authorization: Bearer <api_key>``; ``episodes``: also
-    serve the ``/episodes/{episode}/v1`` routes.
+    serve the ``/episodes/{episode}/v1`` routes. Without a ``policy`` (a program env),
+    ``roles_of(episode)`` gives the roles of each episode (raising :class:`OpenAIError` for
+    an unknown one) and prompts are not encoded here; ``on_refused(episode, error)`` hears
+    of every refused request.
     """
-    served = list(roles if roles is not None else policy.roles)
-    unknown = [r for r in served if r not in policy.roles]
+    if policy is None and roles_of is None:
+        raise ValueError("build_app needs a policy or roles_of")
+    served = list(roles if roles is not None else (policy.roles if policy is not None else []))
+    unknown = [r for r in served if policy is not None and r not in policy.roles]
     if unknown:
         raise ValueError(f"roles {unknown} are not roles of the policy {list(policy.roles)}")
     tool_parser = get_parser(parser)
@@ -104,29 +111,37 @@ def build_app(
                                           code="invalid_api_key", type_="authentication_error"))
         return await call_next(request)
 
-    def models() -> Any:
-        return {"object": "list", "data": [{"id": r, "object": "model", "created": created, "owned_by": "marft"} for r in served]}
+    def models(episode: str | None) -> Any:
+        names = roles_of(episode) if roles_of is not None else served
+        return {"object": "list", "data": [{"id": r, "object": "model", "created": created, "owned_by": "marft"} for r in names]}
 
     async def chat(request: Request, episode: str | None) -> Any:
         try:
             body = await _read_body(request, limits.max_body_bytes)
+            names = roles_of(episode) if roles_of is not None else served
             call = parse_chat_request(
-                body, roles=served, tokenizer_of=policy.tokenizer, max_context_of=policy.max_context,
+                body, roles=names, tokenizer_of=policy.tokenizer if policy is not None else None,
+                max_context_of=policy.max_context if policy is not None else None,
                 parser=tool_parser, limits=limits, role_defaults=role_defaults,
             )
             results = await asyncio.wrap_future(dispatch(episode, call))
         except OpenAIError as e:
+            if on_refused is not None:
+                on_refused(episode, e)
             return _error(e)
         except Exception as e:  # an engine failure: an OpenAI-shaped 500, the server goes on
             return _error(OpenAIError(500, f"generation failed: {type(e).__name__}: {e}", type_="server_error"))
-        tok = policy.tokenizer(call.role)
+        tok = policy.tokenizer(call.role) if policy is not None else None
         if call.stream:
             return StreamingResponse(stream_chunks(call, results, tool_parser, tok), media_type="text/event-stream")
         return JSONResponse(completion_body(call, results, tool_parser, tok))
 
     @app.get("/v1/models")
     async def list_models() -> Any:
-        return models()
+        try:
+            return models(None)
+        except OpenAIError as e:
+            return _error(e)
 
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> Any:
@@ -135,7 +150,10 @@ def build_app(
     if episodes:
         @app.get("/episodes/{episode}/v1/models")
         async def episode_models(episode: str) -> Any:
-            return models()
+            try:
+                return models(episode)
+            except OpenAIError as e:
+                return _error(e)
 
         @app.post("/episodes/{episode}/v1/chat/completions")
         async def episode_completions(episode: str, request: Request) -> Any:

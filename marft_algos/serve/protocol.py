@@ -243,7 +243,8 @@ def parse_chat_request(
     """Check a request body and encode its prompt; raises :class:`OpenAIError`.
 
     ``tokenizer_of(role)`` / ``max_context_of(role)`` give the role's tokenizer and
-    context window; ``role_defaults[role]`` sampling defaults (``temperature``,
+    context window (``tokenizer_of=None``: no prompt is encoded, ``prompt_ids`` stays
+    empty, for a program env whose collector encodes ``env.messages()`` itself); ``role_defaults[role]`` sampling defaults (``temperature``,
     ``top_p``, ``max_new_tokens``, ``stop``) for what the request leaves unset.
     """
     if not isinstance(body, Mapping):
@@ -270,8 +271,10 @@ def parse_chat_request(
         raise _bad("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}", "tool_choice")
     if choice == "none":
         tools = []
-    tok = tokenizer_of(role)
     messages = parser_msgs
+    if tokenizer_of is None:  # a program env: the collector encodes env.messages() itself
+        return _call_without_prompt(body, role, messages, tools, limits, defaults)
+    tok = tokenizer_of(role)
     template_tools: list[dict[str, Any]] | None = None
     if tools:
         if template_uses_tools(tok, tools):
@@ -287,6 +290,21 @@ def parse_chat_request(
         prompt_ids = encode_chat(tok, messages, add_generation_prompt=True, tools=template_tools)
     except Exception as e:  # a template that refuses these messages (e.g. roles out of order)
         raise _bad(f"the chat template of role {role!r} cannot render these messages: {e}", "messages") from None
+    stop, n, seed, asked = _common(body, limits, defaults)
+    window = int(max_context_of(role))
+    room = window - len(prompt_ids)
+    if asked is not None and len(prompt_ids) + asked > window or room < 1:
+        want = asked if asked is not None else 1
+        raise _bad(
+            f"this model's context window is {window} tokens; the messages are {len(prompt_ids)} tokens and "
+            f"{want} new tokens were asked for ({len(prompt_ids) + want} > {window}): shorten the messages "
+            "or lower max_tokens", "messages", code="context_length_exceeded")
+    max_new = asked if asked is not None else min(int(defaults.get("max_new_tokens", limits.default_max_tokens)), room)
+    return _call(body, role, messages, prompt_ids, tools, max_new, stop, n, seed, defaults)
+
+
+def _common(body: Mapping[str, Any], limits: Limits, defaults: Mapping[str, Any]) -> tuple[Any, int, int | None, int | None]:
+    """``(stop, n, seed, max new tokens asked for)`` of a request, checked."""
     stop = body.get("stop", defaults.get("stop"))
     if isinstance(stop, str):
         stop = [stop]
@@ -297,27 +315,33 @@ def parse_chat_request(
     asked = _int(body, "max_completion_tokens", 1)
     if asked is None:
         asked = _int(body, "max_tokens", 1)
-    window = int(max_context_of(role))
-    room = window - len(prompt_ids)
-    if asked is not None and len(prompt_ids) + asked > window or room < 1:
-        want = asked if asked is not None else 1
-        raise _bad(
-            f"this model's context window is {window} tokens; the messages are {len(prompt_ids)} tokens and "
-            f"{want} new tokens were asked for ({len(prompt_ids) + want} > {window}): shorten the messages "
-            "or lower max_tokens", "messages", code="context_length_exceeded")
-    max_new = asked if asked is not None else min(int(defaults.get("max_new_tokens", limits.default_max_tokens)), room)
+    return stop, n, seed, asked
+
+
+def _call(body: Mapping[str, Any], role: str, messages: list[dict[str, str]], prompt_ids: list[int],
+          tools: list[dict[str, Any]], max_new: int, stop: Any, n: int, seed: int | None,
+          defaults: Mapping[str, Any]) -> ChatCall:
     temperature = _number(body, "temperature", 0.0, 2.0, float(defaults.get("temperature", 1.0)))
     top_p = _number(body, "top_p", 1e-9, 1.0, float(defaults.get("top_p", 1.0)))
     sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new, stop=stop or None)
     if seed is not None:
         seed %= 2**63
-    stream = bool(body.get("stream") or False)
     opts = body.get("stream_options") or {}
     return ChatCall(
         role=role, messages=messages, prompt_ids=prompt_ids, sampling=sampling, n=n, seed=seed, tools=tools,
-        logprobs=bool(body.get("logprobs") or False), stream=stream,
+        logprobs=bool(body.get("logprobs") or False), stream=bool(body.get("stream") or False),
         include_usage=bool(isinstance(opts, Mapping) and opts.get("include_usage")),
     )
+
+
+def _call_without_prompt(body: Mapping[str, Any], role: str, messages: list[dict[str, str]], tools: list[dict[str, Any]],
+                         limits: Limits, defaults: Mapping[str, Any]) -> ChatCall:
+    """A checked call whose prompt is encoded by someone else (``prompt_ids`` empty)."""
+    stop, n, seed, asked = _common(body, limits, defaults)
+    if n != 1:
+        raise _bad("n must be 1 in a training episode (each call is one transition)", "n")
+    max_new = asked if asked is not None else int(defaults.get("max_new_tokens", limits.default_max_tokens))
+    return _call(body, role, messages, [], tools, max_new, stop, n, seed, defaults)
 
 
 # ---- replies -------------------------------------------------------------------------
@@ -347,7 +371,7 @@ def _choice(call: ChatCall, res: GenResult, index: int, parser: ToolCallParser, 
             ]
             finish = "tool_calls"
     out: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
-    if call.logprobs:
+    if call.logprobs and tokenizer is not None:
         out["logprobs"] = {"content": [
             {"token": (piece := tokenizer.decode([t])), "logprob": float(lp),
              "bytes": list(piece.encode("utf-8")), "top_logprobs": []}
