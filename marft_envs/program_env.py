@@ -70,6 +70,7 @@ class ProgramCall(WorkflowCall):
     """One request of the program: role, messages, tools, the reply (None while pending)."""
 
     index: int = 0
+    answers_before: int = 0  # replies given in the episode when this call arrived
     future: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -252,7 +253,7 @@ class ProgramEnv(WorkflowEnv):
                 ep.cond.notify_all()
                 raise OpenAIError(409, f"the call budget of this episode ({self.max_calls}) is spent", code="episode_ended")
             rec = ProgramCall(call.role, [dict(m) for m in call.messages], [dict(t) for t in call.tools],
-                              index=len(self.calls), future=fut)
+                              index=len(self.calls), answers_before=len(self._answered), future=fut)
             self.calls.append(rec)
             ep.pending.append(rec)
             ep.cond.notify_all()
@@ -343,11 +344,12 @@ class ProgramEnv(WorkflowEnv):
             info["call_edges"] = self._edges()
 
     def _edges(self) -> list[tuple[int, int]]:
-        """``(earlier, later)``: the later call's messages contain the earlier call's reply."""
+        """``(earlier, later)``: the later call arrived after the earlier one was answered
+        and its messages contain that reply (the text, stripped)."""
         edges = []
         for later in self.calls:
             text = "\n".join(str(m.get("content", "")) for m in later.messages)
-            for earlier in self.calls[: later.index]:
+            for earlier in (self.calls[i] for i in self._answered[: later.answers_before]):
                 reply = (earlier.response or "").strip()
                 if reply and reply in text:
                     edges.append((earlier.index, later.index))
@@ -442,7 +444,20 @@ class ProgramEnv(WorkflowEnv):
         return f"ProgramEnv({getattr(self.program, '__name__', 'program')}, roles={self.possible_agents})"
 
 
-def make_program_env(program: Callable[..., Any] | str, roles: Sequence[str], problems: Task | str | Sequence[Any] = "arith",
+def make_program_env(program: Callable[..., Any] | str = "", roles: Sequence[str] = (), problems: Task | str | Sequence[Any] = "arith",
                      **kwargs: Any) -> ProgramEnv:
     """A :class:`ProgramEnv` running ``program(base_url, problem)`` with ``roles`` on ``problems``."""
     return ProgramEnv(program, roles, problems, **kwargs)
+
+
+def _register() -> None:
+    """``program-v0`` (``marft_envs.program_env:program-v0`` imports this module first):
+    kwargs ``program`` ("module:function"), ``roles``, ``problems`` and the env options."""
+    from marft_envs.registration import register, registry
+
+    if "program-v0" not in registry:
+        register("program-v0", "marft_envs.program_env:make_program_env",
+                 description="program(base_url, problem) through the OpenAI-compatible endpoint (docs/programs.md)")
+
+
+_register()

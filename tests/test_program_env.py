@@ -1,0 +1,182 @@
+"""The program env: unmodified programs (plain ``openai`` calls) run as a PettingZoo AEC env.
+
+Every program here is a real client of the real loopback endpoint: the env answers its
+HTTP requests one AEC step at a time. Programs are module-level functions so that the
+env pickles (a copy replays the recorded replies into a fresh run of the program).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import httpx
+import openai
+import pytest
+
+import marft_envs
+from marft_envs.program_env import ProgramEnv
+from marft_envs.tasks.base import Problem
+from marft_envs.testing import check_env
+
+PROBLEMS = [Problem("toy/0", "What is 0 + 1?", "1"), Problem("toy/1", "What is 1 + 1?", "2")]
+ROLES = ["solver", "checker"]
+
+
+def _ask(base_url: str, role: str, content: str) -> str:
+    c = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+    return c.chat.completions.create(model=role, messages=[{"role": "user", "content": content}]).choices[0].message.content
+
+
+def duo(base_url: str, problem: Problem) -> str:
+    """solver -> checker; the checker's reply is the answer (graded by the task)."""
+    draft = _ask(base_url, "solver", problem.question)
+    return _ask(base_url, "checker", f"{problem.question}\nSolution: {draft}")
+
+
+async def fan_out(base_url: str, problem: Problem) -> dict[str, float]:
+    """Two solvers at once (asyncio.gather), then the checker sees both."""
+    c = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+
+    async def ask(role: str, content: str) -> str:
+        r = await c.chat.completions.create(model=role, messages=[{"role": "user", "content": content}])
+        return r.choices[0].message.content
+
+    a, b = await asyncio.gather(ask("solver", problem.question + " (a)"), ask("solver", problem.question + " (b)"))
+    final = await ask("checker", f"A: {a}\nB: {b}")
+    return {"agree": float(a == b), "final": float(final.strip() == problem.answer)}
+
+
+def raises(base_url: str, problem: Problem) -> float:
+    _ask(base_url, "solver", problem.question)
+    raise RuntimeError("boom")
+
+
+def hangs(base_url: str, problem: Problem) -> float:
+    _ask(base_url, "solver", problem.question)
+    time.sleep(3600)
+    return 1.0
+
+
+def unknown_role(base_url: str, problem: Problem) -> float:
+    return float(len(_ask(base_url, "critic", problem.question)))
+
+
+def returns_nan(base_url: str, problem: Problem) -> float:
+    _ask(base_url, "solver", problem.question)
+    return math.nan
+
+
+def never_stops(base_url: str, problem: Problem) -> float:
+    while True:
+        _ask(base_url, "solver", problem.question)
+
+
+def never_calls(base_url: str, problem: Problem) -> float:
+    return 0.5
+
+
+def _finish(env: ProgramEnv, reply: str = "1") -> dict:
+    """Answer every call with ``reply``; the final info."""
+    info = {}
+    while env.agents:
+        agent = env.agent_selection
+        done = env.terminations[agent] or env.truncations[agent]
+        if done:
+            info = env.infos[agent]
+        env.step(None if done else reply)
+    return info
+
+
+def test_each_request_is_a_step_of_its_role_with_its_exact_messages() -> None:
+    env = ProgramEnv(duo, ROLES, PROBLEMS)
+    env.reset(options={"problem_index": 1})
+    assert env.agent_selection == "solver" and env.messages("solver") == [{"role": "user", "content": "What is 1 + 1?"}]
+    env.step("2")
+    assert env.agent_selection == "checker"
+    assert env.messages("checker") == [{"role": "user", "content": "What is 1 + 1?\nSolution: 2"}]
+    env.step("2")
+    info = _finish(env)
+    assert info["team_reward"] == 1.0 and info["grade"]["correct"]  # the returned answer string, graded
+    assert info["call_order"] == ["solver", "checker"] and info["call_edges"] == [(0, 1)]
+    assert info["flags"] == []
+
+
+def test_the_program_env_passes_pettingzoo_api_test_and_check_env() -> None:
+    check_env(ProgramEnv(duo, ROLES, PROBLEMS), n_episodes=2)
+
+
+def test_a_fan_out_is_pending_together_and_answered_one_at_a_time() -> None:
+    env = ProgramEnv(fan_out, ROLES, PROBLEMS)
+    env.reset(options={"problem_index": 0})
+    first = env.messages("solver")[0]["content"]
+    assert env.agent_selection == "solver"
+    env.step("1")
+    assert env.agent_selection == "solver"  # the second solver call was already waiting
+    second = env.messages("solver")[0]["content"]
+    assert {first[-3:], second[-3:]} == {"(a)", "(b)"}
+    env.step("1")
+    assert env.agent_selection == "checker" and env.messages("checker")[0]["content"] == "A: 1\nB: 1"
+    env.step("1")
+    info = _finish(env)
+    assert info["reward_components"] == {"agree": 1.0, "final": 1.0} and info["team_reward"] == 2.0
+    assert info["call_order"] == ["solver", "solver", "checker"]
+    assert sorted(info["call_edges"]) == [(0, 2), (1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("program", "flag", "truncated"),
+    [(raises, "program_error", False), (unknown_role, "unknown_role", False), (returns_nan, "bad_program_return", False),
+     (never_stops, "max_calls_exceeded", True)],
+)
+def test_a_misbehaving_program_ends_the_episode_with_reward_zero_and_a_flag(program, flag, truncated) -> None:
+    env = ProgramEnv(program, ROLES, PROBLEMS, max_calls=3)
+    env.reset(seed=0)
+    while env.agents and not (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
+        env.step("1")
+    agent = env.agent_selection
+    assert env.rewards[agent] == 0.0 and flag in env.infos[agent]["flags"]
+    assert env.truncations[agent] == truncated
+    assert env.infos[agent]["error"]
+    _finish(env)
+    env.reset(seed=1)  # the run goes on: the next episode starts normally
+    assert env.agents == ROLES
+
+
+def test_a_hanging_program_ends_at_its_deadline() -> None:
+    env = ProgramEnv(hangs, ROLES, PROBLEMS, program_timeout_s=1.0)
+    env.reset(seed=0)
+    env.step("1")
+    agent = env.agent_selection
+    assert env.terminations[agent] and "program_timeout" in env.infos[agent]["flags"] and env.rewards[agent] == 0.0
+
+
+def test_a_program_that_never_calls_ends_at_reset() -> None:
+    env = ProgramEnv(never_calls, ROLES, PROBLEMS)
+    env.reset(seed=0)
+    info = env.infos[env.agent_selection]
+    assert "no_calls" in info["flags"] and info["team_reward"] == 0.5
+
+
+def test_episodes_are_isolated_and_ended_episodes_refuse_calls() -> None:
+    """Another episode's id is not a way in; a call into an ended episode is a 409."""
+    env = ProgramEnv(duo, ROLES, PROBLEMS)
+    env.reset(seed=0)
+    ep = env._ep
+    url = f"{marft_envs.program_env._HUB.server.url}/episodes/{ep.id}/v1/chat/completions"
+    body = {"model": "solver", "messages": [{"role": "user", "content": "x"}]}
+    wrong = url.replace(ep.id, "0" * 32)
+    assert httpx.post(wrong, json=body, timeout=60).status_code == 404
+    _finish(env)
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.status_code == 404 or r.status_code == 409  # ended: refused (and forgotten)
+    assert r.json()["error"]["code"] in ("episode_ended", "episode_not_found")
+
+
+def test_program_v0_is_registered_for_marft_envs_make() -> None:
+    env = marft_envs.make("marft_envs.program_env:program-v0", program=f"{__name__}:duo", roles=ROLES, problems="arith")
+    assert env.possible_agents == ROLES
+    env.reset(seed=0)
+    assert env.agent_selection == "solver"
+    env.close()
