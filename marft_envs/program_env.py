@@ -16,7 +16,8 @@ The user's program is whatever they already run, pointed at ``base_url``::
         llm = ChatOpenAI(model="solver", base_url=base_url, api_key="unused")
         return llm.invoke(problem.question).content      # graded by the task's grader
 
-``async def`` programs work the same (run with ``asyncio.run`` in the worker thread).
+``async def`` programs work the same: they run on one event loop shared by all episodes
+(in its own thread), so that clients that cache connections per loop keep working.
 Each episode gets its own ``base_url`` (``http://127.0.0.1:PORT/episodes/<id>/v1``, a
 random 128-bit id): one episode cannot see or answer another's calls. The server is one
 loopback uvicorn thread per process (:mod:`marft_algos.serve`), shared by all envs.
@@ -93,6 +94,7 @@ class _Episode:
         self.ended = False
         self.replay: list[ProgramCall] | None = None  # recorded calls to answer again (after a copy)
         self.replay_error: str | None = None
+        self.task: Future | None = None  # an async program's run on the program loop
 
 
 class _Hub:
@@ -155,13 +157,36 @@ def _resolve(program: Any) -> Callable[..., Any]:
     return program
 
 
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _program_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop (in its own thread) that runs every ``async def`` program.
+
+    Not ``asyncio.run`` per episode: clients cache connections per loop
+    (``langchain-openai`` keeps one ``httpx.AsyncClient`` per process), and a loop closed
+    after one episode would break the next episode's calls ("Event loop is closed").
+    """
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="marft-program-loop", daemon=True).start()
+            _LOOP = loop
+        return _LOOP
+
+
 def _run_program(program: Callable[..., Any], base_url: str, problem: Any, ep: _Episode) -> None:
     """The worker thread: run the program, keep its outcome, wake the env."""
     value, error = None, None
     try:
         value = program(base_url, problem)
         if inspect.isawaitable(value):
-            value = asyncio.run(_awaited(value))
+            task = asyncio.run_coroutine_threadsafe(_awaited(value), _program_loop())
+            with ep.cond:
+                ep.task = task
+            value = task.result()
     except BaseException as e:  # noqa: BLE001 (a program's failure is an outcome, reported in info)
         error = f"{type(e).__name__}: {e}"
     with ep.cond:
@@ -281,6 +306,8 @@ class ProgramEnv(WorkflowEnv):
                 if c.future is not None and not c.future.done():
                     c.future.set_exception(OpenAIError(409, "this episode has ended", code="episode_ended"))
             ep.pending.clear()
+            if ep.task is not None and not ep.task.done():
+                ep.task.cancel()  # an async program still running (timed out, cut off) stops here
         _HUB.drop(ep)
 
     def _wait(self) -> str:
