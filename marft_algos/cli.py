@@ -8,6 +8,7 @@
     marft leaderboard --suite arith --limit 200 --checkpoint duo-grpo=runs/duo-grpo --out runs/leaderboard
     marft quickstart [--out runs/quickstart] [--minutes 6]
     marft serve --model smollm2-135m --roles planner,solver [--checkpoint RUN] [--host] [--port] [--api-key]
+    marft train --program MODULE:FUNCTION --roles planner,solver --problems arith ...   # docs/programs.md
 
 Every field of the chosen algorithm's config is also a flag (``--group-size 8``);
 ``marft train --algo grpo --help`` lists them. Precedence: defaults < --config < flags < --set.
@@ -509,6 +510,13 @@ _DISK_ERRNOS = frozenset(
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``marft`` command; returns the exit status (2 for bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from marft_algos.serve.cli import expand_program_flags
+
+    try:
+        argv = expand_program_flags(argv)  # train --program M:F --roles a,b: the program env
+    except ValueError as e:
+        print(f"marft train: error: {e}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "train":

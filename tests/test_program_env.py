@@ -180,3 +180,42 @@ def test_program_v0_is_registered_for_marft_envs_make() -> None:
     env.reset(seed=0)
     assert env.agent_selection == "solver"
     env.close()
+
+
+# ---- the CLI: marft train --program, then marft serve --checkpoint of that run ---------------
+
+
+def test_train_program_flags_are_checked() -> None:
+    from marft_algos.serve.cli import expand_program_flags
+
+    with pytest.raises(ValueError, match="MODULE:FUNCTION"):
+        expand_program_flags(["train", "--program", "nocolon", "--roles", "a"])
+    with pytest.raises(ValueError, match="--roles"):
+        expand_program_flags(["train", "--program", "m:f"])
+    with pytest.raises(ValueError, match="leave out --env"):
+        expand_program_flags(["train", "--program", "m:f", "--roles", "a", "--env", "arith-duo-v0"])
+    assert expand_program_flags(["eval", "--program", "m:f"]) == ["eval", "--program", "m:f"]
+
+
+def test_marft_train_program_then_serve_its_checkpoint(tmp_path) -> None:
+    """One GRPO step of a plain-openai program from the command line; the trained team is
+    then served from its checkpoint with the run's per-role sampling as defaults."""
+    import argparse
+
+    from marft_algos.cli import build_parser, main
+    from marft_algos.serve.cli import build_server
+
+    out = tmp_path / "run"
+    sampling = '{"solver": {"max_new_tokens": 3}, "checker": {"max_new_tokens": 2}}'
+    status = main(["train", "--program", f"{__name__}:duo", "--roles", "solver,checker", "--problems", "arith",
+                   "--algo", "grpo", "--model", "tiny-random", "--steps", "1", "--out", str(out),
+                   "--set", "num_envs=2", "--set", "group_size=2", "--set", "progress=false",
+                   "--set", f"sampling_overrides={sampling}"])
+    assert status == 0
+    args = build_parser().parse_args(["serve", "--checkpoint", str(out), "--port", "0"])
+    assert isinstance(args, argparse.Namespace)
+    with build_server(args) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        assert [m.id for m in c.models.list()] == ROLES
+        r = c.chat.completions.create(model="checker", messages=[{"role": "user", "content": "What is 1 + 1?"}])
+        assert r.usage.completion_tokens <= 2  # the run's sampling for the checker

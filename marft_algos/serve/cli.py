@@ -9,11 +9,15 @@ OpenAI-compatible endpoint, ``model`` = role.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
 
-__all__ = ["add_arguments", "build_server", "run"]
+__all__ = ["PROGRAM_ENV_ID", "add_arguments", "build_server", "expand_program_flags", "run"]
+
+#: the registered id of the program env (importing its module registers it)
+PROGRAM_ENV_ID = "marft_envs.program_env:program-v0"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,3 +87,43 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _take(argv: list[str], flag: str) -> str | None:
+    """Remove ``flag VALUE`` (or ``flag=VALUE``) from ``argv``; its value, or None."""
+    for k, item in enumerate(argv):
+        if item == flag:
+            if k + 1 >= len(argv):
+                raise ValueError(f"{flag} needs a value")
+            value = argv[k + 1]
+            del argv[k: k + 2]
+            return value
+        if item.startswith(flag + "="):
+            del argv[k]
+            return item.split("=", 1)[1]
+    return None
+
+
+def expand_program_flags(argv: list[str]) -> list[str]:
+    """``marft train --program MODULE:FUNCTION --roles a,b [--problems TASK]`` as the
+    program env: ``--env marft_envs.program_env:program-v0 --set env_kwargs={...}``.
+
+    Other arguments pass through unchanged; argv without ``--program`` is returned as is.
+
+    >>> expand_program_flags(["train", "--program", "m:f", "--roles", "a,b", "--steps", "2"])[1:]
+    ['--steps', '2', '--env', 'marft_envs.program_env:program-v0', '--set', 'env_kwargs={"program": "m:f", "roles": ["a", "b"], "problems": "arith"}']
+    """
+    if not argv or argv[0] != "train" or not any(a == "--program" or a.startswith("--program=") for a in argv):
+        return argv
+    out = list(argv)
+    program = _take(out, "--program")
+    roles = _roles(_take(out, "--roles"))
+    problems = _take(out, "--problems") or "arith"
+    if not program or ":" not in program:
+        raise ValueError(f"--program must be MODULE:FUNCTION (a program(base_url, problem) function), got {program!r}")
+    if not roles:
+        raise ValueError("--program needs --roles a,b,... (the model names the program asks for)")
+    if any(a == "--env" or a.startswith("--env=") for a in out):
+        raise ValueError("--program runs the program env; leave out --env")
+    kwargs = {"program": program, "roles": roles, "problems": problems}
+    return [*out, "--env", PROGRAM_ENV_ID, "--set", "env_kwargs=" + json.dumps(kwargs)]
