@@ -140,7 +140,8 @@ class _Hub:
                 ep.cond.notify_all()
 
     def dispatch(self, episode: str | None, call: Any) -> Future:
-        return self._episode(episode).env._on_call(call)
+        ep = self._episode(episode)
+        return ep.env._on_call(ep, call)
 
 
 _HUB = _Hub()
@@ -247,16 +248,14 @@ class ProgramEnv(WorkflowEnv):
         self._program_spec = program if isinstance(program, str) else None
 
     # ------------------------------------------------------------ the server side
-    def _on_call(self, call: Any) -> Future:
-        """A request of this episode's program (server thread): queue it, or refuse it."""
+    def _on_call(self, ep: _Episode, call: Any) -> Future:
+        """A request of episode ``ep``'s program (server thread): queue it, or refuse it."""
         from marft_algos.models.sampling import GenResult
         from marft_algos.serve.protocol import OpenAIError
 
-        ep = self._ep
         fut: Future = Future()
-        assert ep is not None
         with ep.cond:
-            if ep.ended or ep.fatal:
+            if ep.ended or ep.fatal or ep is not self._ep:  # a call of an earlier episode of this env
                 raise OpenAIError(409, "this episode has ended; its calls are no longer answered", code="episode_ended")
             if ep.replay is not None:  # a restored copy: answer the recorded calls again
                 match = next((c for c in ep.replay if c.role == call.role and c.messages == call.messages), None)

@@ -8,6 +8,7 @@ env pickles (a copy replays the recorded replies into a fresh run of the program
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 
@@ -108,19 +109,23 @@ def test_the_program_env_passes_pettingzoo_api_test_and_check_env() -> None:
 
 
 def test_a_fan_out_is_pending_together_and_answered_one_at_a_time() -> None:
+    """Both solver calls are answered (one step each) before the checker, which sees both
+    replies; the edges come from the replies' text, so they are distinctive here."""
     env = ProgramEnv(fan_out, ROLES, PROBLEMS)
     env.reset(options={"problem_index": 0})
-    first = env.messages("solver")[0]["content"]
     assert env.agent_selection == "solver"
-    env.step("1")
-    assert env.agent_selection == "solver"  # the second solver call was already waiting
+    first = env.messages("solver")[0]["content"]
+    env.step("ALPHA")
+    assert env.agent_selection == "solver"  # the other branch of the fan-out
     second = env.messages("solver")[0]["content"]
     assert {first[-3:], second[-3:]} == {"(a)", "(b)"}
-    env.step("1")
-    assert env.agent_selection == "checker" and env.messages("checker")[0]["content"] == "A: 1\nB: 1"
+    env.step("BETA")
+    assert env.agent_selection == "checker"
+    a, b = ("ALPHA", "BETA") if first.endswith("(a)") else ("BETA", "ALPHA")
+    assert env.messages("checker")[0]["content"] == f"A: {a}\nB: {b}"
     env.step("1")
     info = _finish(env)
-    assert info["reward_components"] == {"agree": 1.0, "final": 1.0} and info["team_reward"] == 2.0
+    assert info["reward_components"] == {"agree": 0.0, "final": 1.0} and info["team_reward"] == 1.0
     assert info["call_order"] == ["solver", "solver", "checker"]
     assert sorted(info["call_edges"]) == [(0, 2), (1, 2)]
 
@@ -219,3 +224,35 @@ def test_marft_train_program_then_serve_its_checkpoint(tmp_path) -> None:
         assert [m.id for m in c.models.list()] == ROLES
         r = c.chat.completions.create(model="checker", messages=[{"role": "user", "content": "What is 1 + 1?"}])
         assert r.usage.completion_tokens <= 2  # the run's sampling for the checker
+
+
+ADD = [{"type": "function", "function": {"name": "add", "description": "add two numbers",
+                                         "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
+
+
+def with_tools(base_url: str, problem: Problem) -> str:
+    """The OpenAI tool convention: the framework runs the tool and sends a ``tool`` message."""
+    c = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+    msgs = [{"role": "user", "content": problem.question}]
+    r = c.chat.completions.create(model="solver", messages=msgs, tools=ADD)
+    msg = r.choices[0].message
+    if not msg.tool_calls:
+        return msg.content or ""
+    args = json.loads(msg.tool_calls[0].function.arguments)
+    msgs += [msg.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": str(args["a"] + args["b"])}]
+    return c.chat.completions.create(model="solver", messages=msgs, tools=ADD).choices[0].message.content
+
+
+def test_tool_calls_in_replies_reach_the_program_and_its_tool_messages_come_back_as_prompt() -> None:
+    env = ProgramEnv(with_tools, ROLES, PROBLEMS)
+    env.reset(options={"problem_index": 1})
+    assert env.tools("solver") == ADD
+    assert "<tool_call>" in env.messages("solver")[0]["content"]  # described inline for templates without tools=
+    assert env.messages("solver", inline_tools=False) == [{"role": "user", "content": "What is 1 + 1?"}]
+    env.step('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>')
+    second = env.messages("solver", inline_tools=False)
+    assert second[-1] == {"role": "tool", "content": "2"} and '"name": "add"' in second[-2]["content"]
+    env.step("2")
+    info = _finish(env)
+    assert info["team_reward"] == 1.0 and info["call_order"] == ["solver", "solver"]
