@@ -63,7 +63,7 @@ from typing import Any
 from marft_envs.tasks.base import Task
 from marft_envs.workflow import WorkflowCall, WorkflowEnv, _reward_components
 
-__all__ = ["ProgramCall", "ProgramEnv", "make_program_env"]
+__all__ = ["ProgramCall", "ProgramEnv", "example_program", "make_program_env"]
 
 
 @dataclass
@@ -470,7 +470,25 @@ class ProgramEnv(WorkflowEnv):
         return f"ProgramEnv({getattr(self.program, '__name__', 'program')}, roles={self.possible_agents})"
 
 
-def make_program_env(program: Callable[..., Any] | str = "", roles: Sequence[str] = (), problems: Task | str | Sequence[Any] = "arith",
+def _chat(base_url: str, role: str, content: str) -> str:
+    """One chat completion over plain HTTP (``urllib``: the example needs no client package)."""
+    import json
+    import urllib.request
+
+    body = json.dumps({"model": role, "messages": [{"role": "user", "content": content}]}).encode()
+    req = urllib.request.Request(f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"] or ""
+
+
+def example_program(base_url: str, problem: Any) -> str:
+    """``program-v0``'s default: solver -> checker over HTTP; the checker's reply is the answer."""
+    draft = _chat(base_url, "solver", f"{problem.question}\nGive the final answer inside \\boxed{{}}.")
+    return _chat(base_url, "checker", f"{problem.question}\nSolution: {draft}\nGive the final answer inside \\boxed{{}}.")
+
+
+def make_program_env(program: Callable[..., Any] | str = "marft_envs.program_env:example_program",
+                     roles: Sequence[str] = ("solver", "checker"), problems: Task | str | Sequence[Any] = "arith",
                      **kwargs: Any) -> ProgramEnv:
     """A :class:`ProgramEnv` running ``program(base_url, problem)`` with ``roles`` on ``problems``."""
     return ProgramEnv(program, roles, problems, **kwargs)
@@ -478,11 +496,14 @@ def make_program_env(program: Callable[..., Any] | str = "", roles: Sequence[str
 
 def _register() -> None:
     """``program-v0`` (``marft_envs.program_env:program-v0`` imports this module first):
-    kwargs ``program`` ("module:function"), ``roles``, ``problems`` and the env options."""
+    kwargs ``program`` ("module:function"), ``roles``, ``problems`` and the env options;
+    by default :func:`example_program` (solver, checker) on arith."""
     from marft_envs.registration import register, registry
 
     if "program-v0" not in registry:
         register("program-v0", "marft_envs.program_env:make_program_env",
+                 kwargs={"program": "marft_envs.program_env:example_program", "roles": ["solver", "checker"],
+                         "problems": "arith", "split": "train"},
                  description="program(base_url, problem) through the OpenAI-compatible endpoint (docs/programs.md)")
 
 

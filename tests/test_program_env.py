@@ -256,3 +256,13 @@ def test_tool_calls_in_replies_reach_the_program_and_its_tool_messages_come_back
     env.step("2")
     info = _finish(env)
     assert info["team_reward"] == 1.0 and info["call_order"] == ["solver", "solver"]
+
+
+def test_program_v0_by_itself_conforms() -> None:
+    """The registered id works without arguments (its default program talks plain HTTP),
+    so registry-wide conformance checks can include it."""
+    check_env("marft_envs.program_env:program-v0", n_episodes=2)
+    env = marft_envs.make("marft_envs.program_env:program-v0")
+    env.reset(seed=0)
+    assert env.agent_selection == "solver" and "boxed" in env.messages("solver")[0]["content"]
+    env.close()
