@@ -266,3 +266,17 @@ def test_program_v0_by_itself_conforms() -> None:
     env.reset(seed=0)
     assert env.agent_selection == "solver" and "boxed" in env.messages("solver")[0]["content"]
     env.close()
+
+
+def sends_a_lone_surrogate(base_url: str, problem: Problem) -> float:
+    """A program whose text is not encodable: refused at the server, never a step."""
+    body = b'{"model": "solver", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    r = httpx.post(f"{base_url}/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=300)
+    return float(r.status_code == 400 and "UTF-8" in r.json()["error"]["message"])
+
+
+def test_text_the_collector_could_not_encode_never_becomes_a_step() -> None:
+    env = ProgramEnv(sends_a_lone_surrogate, ROLES, PROBLEMS)
+    env.reset(seed=0)
+    info = env.infos[env.agent_selection]
+    assert info["team_reward"] == 1.0 and info["num_calls"] == 0

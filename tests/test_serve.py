@@ -176,6 +176,8 @@ def test_context_overflow_is_400_with_the_sizes(served) -> None:
         (json.dumps({"model": "solver", "messages": [{"role": "user", "content": "x"}] * 600}).encode(), 400, "at most 512"),
         (json.dumps({"model": "solver", "messages": [{"role": "user", "content": "x" * 5_000_000}]}).encode(), 413, "bytes"),
         (json.dumps({"model": "solver", "messages": USER, "tools": [{"type": "function"}]}).encode(), 400, "tools[0]"),
+        (b'{"model": "solver", "messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "UTF-8"),
+        (b'{"model": "solver", "messages": [{"role": "user", "content": "x"}], "stop": ["\\udfff"]}', 400, "UTF-8"),
     ],
 )
 def test_malformed_bodies_get_openai_shaped_errors(served, body: bytes, status: int, needle: str) -> None:

@@ -127,12 +127,21 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Ope
     return OpenAIError(400, message, param=param, code=code)
 
 
+def _utf8(text: str, where: str) -> str:
+    """``text`` if it is encodable (JSON allows lone surrogates; no tokenizer does)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(f"{where}: the content is not valid UTF-8 text (a lone surrogate such as \\ud800)", where) from None
+    return text
+
+
 def _text_of(content: Any, where: str) -> str:
     """A message content as text: a string, None, or a list of ``{"type": "text"}`` parts."""
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return _utf8(content, where)
     if isinstance(content, list):
         parts = []
         for part in content:
@@ -141,7 +150,7 @@ def _text_of(content: Any, where: str) -> str:
             else:
                 kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
                 raise _bad(f"{where}: only text content parts are supported, got {kind!r}", where)
-        return "".join(parts)
+        return _utf8("".join(parts), where)
     raise _bad(f"{where}: content must be a string, null or a list of text parts", where)
 
 
@@ -263,6 +272,7 @@ def parse_chat_request(
         raise _bad("response_format other than {'type': 'text'} is not supported (no constrained decoding)", "response_format")
     defaults = dict((role_defaults or {}).get(role, {}))
     parser_msgs = normalize_messages(body.get("messages"), parser, limits)
+    _utf8(json.dumps({k: body.get(k) for k in ("tools", "tool_choice", "stop")}, ensure_ascii=False), "tools/stop")
     tools = _check_tools(body.get("tools"), limits)
     choice = body.get("tool_choice")
     if choice not in (None, "none", "auto", "required") and not (
