@@ -291,3 +291,14 @@ def test_marft_serve_command_serves_the_roles(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_transcripts_record_every_call_with_exact_ids_and_latency(policy: TeamPolicy, tmp_path) -> None:
+    path = tmp_path / "calls.jsonl"
+    with TeamServer(policy, transcripts=path) as srv:
+        r = client(srv).chat.completions.create(model="planner", messages=USER, max_tokens=3, n=2, logprobs=True)
+    (line,) = [json.loads(x) for x in path.read_text().splitlines()]
+    assert line["role"] == "planner" and line["episode"] is None and line["prompt_ids"] == policy.encode("planner", USER)
+    assert [len(c["token_ids"]) for c in line["choices"]] == [len(ch.logprobs.content) for ch in r.choices]
+    assert [c["logprobs"] for c in line["choices"]] == [[t.logprob for t in ch.logprobs.content] for ch in r.choices]
+    assert line["latency_s"] > 0

@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-parser", default="hermes", help="tool-call syntax of the model family: hermes, json, mistral")
     parser.add_argument("--engine", default=None, help="generation engine (default hf, or the checkpoint's)")
     parser.add_argument("--batch-window-ms", type=float, default=10.0, help="how long a request waits for companions")
+    parser.add_argument("--transcripts", default=None, metavar="JSONL",
+                        help="append every answered call here (role, exact prompt and sampled ids, log-probs, latency)")
 
 
 def _roles(text: str | None) -> list[str]:
@@ -67,7 +69,8 @@ def build_server(args: argparse.Namespace) -> Any:
 
         policy = untrained_policy(roles, args.model, engine=args.engine or "hf")
     return TeamServer(policy, roles=roles or None, host=args.host, port=args.port, api_key=args.api_key,
-                      parser=args.tool_parser, role_defaults=defaults, window_s=args.batch_window_ms / 1000.0)
+                      parser=args.tool_parser, role_defaults=defaults, window_s=args.batch_window_ms / 1000.0,
+                      transcripts=args.transcripts)
 
 
 def run(args: argparse.Namespace) -> int:

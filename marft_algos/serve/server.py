@@ -14,11 +14,13 @@ server thread. The default host is loopback; any other host needs an API key.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from marft_algos.models.sampling import GenResult
@@ -26,7 +28,7 @@ from marft_algos.serve.app import Dispatch, build_app
 from marft_algos.serve.batcher import EngineBatcher
 from marft_algos.serve.protocol import DEFAULT_LIMITS, ChatCall, Limits
 
-__all__ = ["API_KEY_ENV", "LOOPBACK", "LoopbackServer", "TeamServer", "check_exposure"]
+__all__ = ["API_KEY_ENV", "LOOPBACK", "LoopbackServer", "TeamServer", "TranscriptWriter", "check_exposure"]
 
 #: hosts that only this machine can reach
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -104,6 +106,28 @@ class LoopbackServer:
         self.stop()
 
 
+class TranscriptWriter:
+    """Append one JSON line per answered call: time, episode, role, the exact prompt ids,
+    and per choice the sampled ids, their log-probs, the text and the finish reason, plus
+    the latency from arrival to result (seconds). Thread-safe; each line is flushed."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def write(self, episode: str | None, call: ChatCall, results: Sequence[GenResult], latency_s: float) -> None:
+        """One line for ``call`` and its ``results``."""
+        line = json.dumps({
+            "time": time.time(), "episode": episode, "role": call.role, "prompt_ids": list(call.prompt_ids),
+            "choices": [{"token_ids": list(r.token_ids), "logprobs": [float(x) for x in r.logprobs], "text": r.text,
+                         "finish_reason": r.finish_reason} for r in results],
+            "latency_s": round(latency_s, 6),
+        }, ensure_ascii=False)
+        with self._lock, self.path.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
 class TeamServer(LoopbackServer):
     """The OpenAI-compatible endpoint of a team policy: batcher + app + server thread.
 
@@ -121,6 +145,8 @@ class TeamServer(LoopbackServer):
         record: ``record(episode, call, results)`` after each call the batcher answered
             (the exact prompt ids are ``call.prompt_ids``; sampled ids and log-probs are in
             ``results``), e.g. to write transcripts.
+        transcripts: a JSONL file that gets one line per answered call
+            (:class:`TranscriptWriter`).
     """
 
     def __init__(
@@ -138,16 +164,28 @@ class TeamServer(LoopbackServer):
         dispatch: Dispatch | None = None,
         episodes: bool = False,
         record: Callable[[str | None, ChatCall, list[GenResult]], None] | None = None,
+        transcripts: str | os.PathLike[str] | None = None,
     ) -> None:
         api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         check_exposure(host, api_key)
         self.policy = policy
         self.batcher = EngineBatcher(getattr(policy, "engine", policy), window_s=window_s, max_requests=getattr(policy, "max_batch", 64))
 
+        self._transcript = TranscriptWriter(transcripts) if transcripts is not None else None
+
         def plain(episode: str | None, call: ChatCall) -> Any:
+            start = time.monotonic()
             fut = self.batcher.submit([call.engine_request()], seed=call.seed)
-            if record is not None:
-                fut.add_done_callback(lambda f: f.exception() is None and record(episode, call, f.result()))
+
+            def done(f: Any) -> None:
+                if f.exception() is not None:
+                    return
+                if record is not None:
+                    record(episode, call, f.result())
+                if self._transcript is not None:
+                    self._transcript.write(episode, call, f.result(), time.monotonic() - start)
+
+            fut.add_done_callback(done)
             return fut
 
         app = build_app(policy, dispatch or plain, roles=roles, parser=parser, limits=limits, api_key=api_key,
