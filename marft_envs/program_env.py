@@ -245,7 +245,6 @@ class ProgramEnv(WorkflowEnv):
         self.stats.update({"program_timeouts": 0, "unknown_roles": 0})
         self._ep: _Episode | None = None
         self._answered: list[int] = []
-        self._program_spec = program if isinstance(program, str) else None
 
     # ------------------------------------------------------------ the server side
     def _on_call(self, ep: _Episode, call: Any) -> Future:
@@ -301,7 +300,7 @@ class ProgramEnv(WorkflowEnv):
 
         with ep.cond:
             ep.ended = True
-            for c in ep.pending:
+            for c in [*ep.pending, *([self._pending] if self._pending is not None else [])]:
                 if c.future is not None and not c.future.done():
                     c.future.set_exception(OpenAIError(409, "this episode has ended", code="episode_ended"))
             ep.pending.clear()

@@ -280,3 +280,13 @@ def test_text_the_collector_could_not_encode_never_becomes_a_step() -> None:
     env.reset(seed=0)
     info = env.infos[env.agent_selection]
     assert info["team_reward"] == 1.0 and info["num_calls"] == 0
+
+
+def test_reset_mid_episode_fails_the_selected_call_instead_of_leaving_it_hanging() -> None:
+    env = ProgramEnv(duo, ROLES, PROBLEMS)
+    env.reset(seed=0)
+    selected = env._pending
+    assert selected is not None and not selected.future.done()
+    env.reset(seed=1)
+    assert selected.future.done() and selected.future.exception() is not None
+    assert env.agent_selection == "solver" and env._pending is not selected
