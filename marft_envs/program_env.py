@@ -33,6 +33,13 @@ settings in the request are not used for training: the trainer samples with the 
 settings (``sampling=``). ``info["call_edges"]`` lists ``(earlier, later)`` call indices
 where the later call's messages contain the earlier call's reply.
 
+**Reward posted by the program.** ``POST {base_url}/reward`` with
+``{"components": {"judge": 0.7}}`` adds reward components to the episode (e.g. from a
+judge the program runs). They count when they arrive before the program returns, or
+within ``reward_grace_s`` after it (the env waits that long for a first post). They are
+merged over the returned components, and a program that returns None gets only them.
+A post after the episode ended gets a 409.
+
 **Faults.** The program raises (``program_error``), does not call or return within
 ``program_timeout_s`` of its last answer (``program_timeout``), calls an unknown role
 (``unknown_role``; the program gets a 404), makes more than ``max_calls`` calls
@@ -95,6 +102,7 @@ class _Episode:
         self.replay: list[ProgramCall] | None = None  # recorded calls to answer again (after a copy)
         self.replay_error: str | None = None
         self.task: Future | None = None  # an async program's run on the program loop
+        self.posted: dict[str, float] = {}  # reward components posted to .../reward
 
 
 class _Hub:
@@ -111,7 +119,8 @@ class _Hub:
                 from marft_algos.serve.app import build_app
                 from marft_algos.serve.server import LoopbackServer
 
-                app = build_app(None, self.dispatch, roles_of=self.roles_of, on_refused=self.refused, episodes=True)
+                app = build_app(None, self.dispatch, roles_of=self.roles_of, on_refused=self.refused, episodes=True,
+                                on_reward=self.reward)
                 self.server = LoopbackServer(app).start()
             self.episodes[ep.id] = ep
         return f"{self.server.url}/episodes/{ep.id}/v1"
@@ -138,6 +147,22 @@ class _Hub:
                 ep.fatal = ep.fatal or "unknown_role"
                 ep.error = err.message
                 ep.cond.notify_all()
+
+    def reward(self, episode: str, body: Any) -> dict[str, Any]:
+        """``POST .../reward {"components": {name: number}}``: reward components for the episode."""
+        from marft_algos.serve.protocol import OpenAIError
+
+        ep = self._episode(episode)
+        parts = body.get("components") if isinstance(body, Mapping) else None
+        comps = _reward_components(parts) if isinstance(parts, Mapping) else None
+        if comps is None:
+            raise OpenAIError(400, 'the body must be {"components": {name: finite number, ...}}', param="components")
+        with ep.cond:
+            if ep.ended:
+                raise OpenAIError(409, "this episode has ended; its reward is final", code="episode_ended")
+            ep.posted.update(comps)
+            ep.cond.notify_all()
+        return {"episode": episode, "components": dict(ep.posted)}
 
     def dispatch(self, episode: str | None, call: Any) -> Future:
         ep = self._episode(episode)
@@ -213,6 +238,8 @@ class ProgramEnv(WorkflowEnv):
         sampling: per-role sampling settings for the trainer.
         max_calls: call budget per episode.
         program_timeout_s: longest wait for the program's next call or return.
+        reward_grace_s: after the program returns, how long to wait for reward components
+            posted to ``{base_url}/reward`` (0: only those posted before it returned).
         parser: the tool-call parser that turns replies into ``tool_calls``.
     """
 
@@ -227,6 +254,7 @@ class ProgramEnv(WorkflowEnv):
         sampling: Mapping[str, Any] | None = None,
         max_calls: int = 32,
         program_timeout_s: float = 120.0,
+        reward_grace_s: float = 0.0,
         parser: str = "hermes",
         max_action_chars: int = 4096,
         max_prompt_chars: int = 262_144,
@@ -240,6 +268,9 @@ class ProgramEnv(WorkflowEnv):
         if not program_timeout_s > 0:
             raise ValueError(f"program_timeout_s must be > 0, got {program_timeout_s!r}")
         self.program_timeout_s = float(program_timeout_s)
+        if not reward_grace_s >= 0:
+            raise ValueError(f"reward_grace_s must be >= 0, got {reward_grace_s!r}")
+        self.reward_grace_s = float(reward_grace_s)
         self.parser = parser
         self.metadata = {**type(self).metadata, "name": f"program_{getattr(self.program, '__name__', 'program')}_v0"}
         self.stats.update({"program_timeouts": 0, "unknown_roles": 0})
@@ -354,16 +385,26 @@ class ProgramEnv(WorkflowEnv):
             self.stats["program_errors"] += 1
             self._stop(None, failed=True)
         else:
+            if self.reward_grace_s > 0:  # a judge the program started may still post components
+                deadline = time.monotonic() + self.reward_grace_s
+                with ep.cond:
+                    while not ep.posted and time.monotonic() < deadline:
+                        ep.cond.wait(max(0.0, deadline - time.monotonic()))
             self._stop(ep.value)
 
     def _stop(self, value: Any, *, failed: bool = False, truncated: bool = False) -> None:
+        posted = dict(self._ep.posted) if self._ep is not None else {}
         self._end_program()
         if not failed and isinstance(value, str):  # a final answer: the task grades it
             value = {"outcome": float(self._grade(value).score)}
+        elif not failed and value is None and posted:  # the reward is what was posted
+            value = {}
         elif not failed and _reward_components(value) is None:
             self._error = f"the program returned {type(value).__name__} {value!r:.60}, not a finite number, a dict of them or a string"
             self._flags.append("bad_program_return")
             failed = True
+        if not failed and posted:
+            value = {**(_reward_components(value) or {}), **posted}
         self._finish(value, failed=failed, truncated=truncated)
         for info in self.infos.values():
             info["call_edges"] = self._edges()

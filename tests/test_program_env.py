@@ -290,3 +290,39 @@ def test_reset_mid_episode_fails_the_selected_call_instead_of_leaving_it_hanging
     env.reset(seed=1)
     assert selected.future.done() and selected.future.exception() is not None
     assert env.agent_selection == "solver" and env._pending is not selected
+
+
+def posts_a_judge_score_later(base_url: str, problem: Problem) -> float:
+    """Returns at once; a judge thread posts its component afterwards."""
+    import threading
+
+    answer = _ask(base_url, "solver", problem.question)
+
+    def judge() -> None:
+        time.sleep(0.5)
+        httpx.post(f"{base_url}/reward", json={"components": {"judge": 0.25 if answer == "1" else 0.0}}, timeout=300)
+
+    threading.Thread(target=judge, daemon=True).start()
+    return 1.0
+
+
+def test_reward_components_posted_after_the_program_returned_count_within_the_grace() -> None:
+    env = ProgramEnv(posts_a_judge_score_later, ROLES, PROBLEMS, reward_grace_s=60)
+    env.reset(seed=0)
+    env.step("1")
+    info = env.infos[env.agent_selection]
+    assert info["reward_components"] == {"program": 1.0, "judge": 0.25} and info["team_reward"] == 1.25
+    # without a grace the episode ends when the program returns; a later post is refused
+    env = ProgramEnv(posts_a_judge_score_later, ROLES, PROBLEMS)
+    env.reset(seed=0)
+    url = env._ep and f"{marft_envs.program_env._HUB.server.url}/episodes/{env._ep.id}/v1/reward"
+    env.step("1")
+    assert env.infos[env.agent_selection]["reward_components"] == {"program": 1.0}
+    r = httpx.post(url, json={"components": {"judge": 1.0}}, timeout=60)
+    assert r.status_code in (404, 409)
+    bad = ProgramEnv(duo, ROLES, PROBLEMS)
+    bad.reset(seed=0)
+    r = httpx.post(f"{marft_envs.program_env._HUB.server.url}/episodes/{bad._ep.id}/v1/reward",
+                   content=b'{"components": {"judge": NaN}}', timeout=60)
+    assert r.status_code == 400 and "finite number" in r.json()["error"]["message"]
+    bad.close()

@@ -80,6 +80,7 @@ def build_app(
     episodes: bool = False,
     roles_of: Callable[[str | None], Sequence[str]] | None = None,
     on_refused: Callable[[str | None, OpenAIError], None] | None = None,
+    on_reward: Callable[[str, Any], Any] | None = None,
 ) -> Any:
     """The ASGI app serving ``roles`` (default: all of ``policy.roles``).
 
@@ -89,7 +90,8 @@ def build_app(
     serve the ``/episodes/{episode}/v1`` routes. Without a ``policy`` (a program env),
     ``roles_of(episode)`` gives the roles of each episode (raising :class:`OpenAIError` for
     an unknown one) and prompts are not encoded here; ``on_refused(episode, error)`` hears
-    of every refused request.
+    of every refused request; ``on_reward(episode, body)`` answers
+    ``POST /episodes/{episode}/v1/reward`` (reward components posted by the program).
     """
     if policy is None and roles_of is None:
         raise ValueError("build_app needs a policy or roles_of")
@@ -158,6 +160,14 @@ def build_app(
         @app.post("/episodes/{episode}/v1/chat/completions")
         async def episode_completions(episode: str, request: Request) -> Any:
             return await chat(request, episode)
+
+        if on_reward is not None:
+            @app.post("/episodes/{episode}/v1/reward")
+            async def episode_reward(episode: str, request: Request) -> Any:
+                try:
+                    return on_reward(episode, await _read_body(request, limits.max_body_bytes))
+                except OpenAIError as e:
+                    return _error(e)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Any) -> Any:
