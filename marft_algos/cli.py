@@ -7,6 +7,8 @@
     marft list-envs | list-algos
     marft leaderboard --suite arith --limit 200 --checkpoint duo-grpo=runs/duo-grpo --out runs/leaderboard
     marft quickstart [--out runs/quickstart] [--minutes 6]
+    marft serve --model smollm2-135m --roles planner,solver [--checkpoint RUN] [--host] [--port] [--api-key]
+    marft train --program MODULE:FUNCTION --roles planner,solver --problems arith ...   # docs/programs.md
 
 Every field of the chosen algorithm's config is also a flag (``--group-size 8``);
 ``marft train --algo grpo --help`` lists them. Precedence: defaults < --config < flags < --set.
@@ -90,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(the same as benchmarks/leaderboard.py; see benchmarks/README.md).",
     )
     add_leaderboard_arguments(lb)  # one set of options for the CLI and the script
+
+    from marft_algos.serve.cli import add_arguments as add_serve_arguments
+
+    add_serve_arguments(sub.add_parser("serve", help="serve the team as an OpenAI-compatible endpoint, model = role (docs/programs.md)"))
 
     p.train_parser = t  # type: ignore[attr-defined]  (for `train --help` with algorithm options)
 
@@ -500,6 +506,13 @@ _DISK_ERRNOS = frozenset(
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``marft`` command; returns the exit status (2 for bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from marft_algos.serve.cli import expand_program_flags
+
+    try:
+        argv = expand_program_flags(argv)  # train --program M:F --roles a,b: the program env
+    except ValueError as e:
+        print(f"marft train: error: {e}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "train":
@@ -520,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_leaderboard(args)
         if args.command == "quickstart":
             return cmd_quickstart(args)
+        if args.command == "serve":
+            from marft_algos.serve.cli import run as run_serve
+
+            return run_serve(args)
     except user_errors as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"marft {args.command}: error: {msg}", file=sys.stderr)
