@@ -602,6 +602,7 @@ def turn_level_advantages(
     normalize: str = "agent",
     group_ids: ArrayLike | None = None,
     eps: float = 1e-6,
+    action_ids: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """MARS's turn-level advantages with agent-specific normalisation (no critic).
 
@@ -632,6 +633,8 @@ def turn_level_advantages(
         gamma: discount between an agent's consecutive turns.
         normalize: ``"agent"``, ``"batch"`` or ``"none"``.
         group_ids: per action; statistics per (group, agent) / per group when given.
+        action_ids: per entry, the action it belongs to (``Transition.action_key``): the tool
+            segments of one action are one turn, undiscounted between them.
 
     Returns:
         ``(advantages, returns)``: numpy float64 arrays of length L (``returns`` = G).
@@ -644,6 +647,11 @@ def turn_level_advantages(
         >>> adv, G = turn_level_advantages([0, -1, 1], ["a", "b", "a"], gamma=0.5, normalize="none")
         >>> G.tolist()
         [0.5, -1.0, 1.0]
+
+    One action of three tool segments is one turn (the reward sits on its last segment)::
+
+        >>> turn_level_advantages([0, 0, 1], ["a"] * 3, gamma=0.5, normalize="none", action_ids=[7, 7, 7])[1].tolist()
+        [1.0, 1.0, 1.0]
     """
     r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
     n = r.shape[0]
@@ -657,12 +665,19 @@ def turn_level_advantages(
     groups = list(np.asarray(group_ids).reshape(-1).tolist()) if group_ids is not None else [0] * n
     if len(groups) != n:
         raise ValueError(f"group_ids has {len(groups)} entries, expected {n}")
+    actions = [tuple(a) if isinstance(a, list) else a for a in action_ids] if action_ids is not None else list(range(n))
+    if len(actions) != n:
+        raise ValueError(f"action_ids has {len(actions)} entries, expected {n}")
     G = np.zeros(n)
     for _, s, e in episode_segments(episode_ids, n):
-        running: dict[Any, float] = {}
+        running: dict[Any, tuple[float, Any]] = {}  # agent -> (return from its next entry, that entry's action)
         for k in range(e - 1, s - 1, -1):  # backwards: each agent's own later turns only
-            running[agents[k]] = r[k] + gamma * running.get(agents[k], 0.0)
-            G[k] = running[agents[k]]
+            later = running.get(agents[k])
+            if later is None:
+                G[k] = r[k]
+            else:  # a later segment of the same action is the same turn: no discount
+                G[k] = r[k] + (1.0 if later[1] == actions[k] else gamma) * later[0]
+            running[agents[k]] = (G[k], actions[k])
     if normalize == "none":
         return G.copy(), G
     cells: dict[Any, list[int]] = {}

@@ -85,6 +85,28 @@ class Behaviour:
             for t, lp, m in zip(part, stats.logprobs, stats.mask, strict=True):
                 setattr(est[t], field, lp[m.bool()].float().cpu().tolist())
 
+    def kl_sample(self, batch: RolloutBatch, agent: str, n: int) -> list[Transition]:
+        """The first ``n`` trainable actions of ``agent`` with tokens (the KL diagnostics' sample)."""
+        return [t for t in batch.agent_transitions(agent) if t.response_ids][:n]
+
+    def kl_to(self, agent: str, trs: list[Transition], old: list[list[float]], *, reference: bool, chunk: int = 16) -> float:
+        """Mean over tokens of KL(old || pi) (k3, >= 0) where ``pi`` is ``agent``'s current policy
+        or, with ``reference``, the reference; ``old`` holds each action's old log-probs. No gradient."""
+        total, count = 0.0, 0
+        with torch.no_grad():
+            self.policy.set_train_role(agent)
+            for s in range(0, len(trs), chunk):
+                part, olds = trs[s : s + chunk], old[s : s + chunk]
+                stats = self.policy.sequence_logprobs(
+                    agent, [t.prompt_ids for t in part], [t.response_ids for t in part], temperature=temperature_of(part), reference=reference
+                )
+                for lp, m, o in zip(stats.logprobs, stats.mask, olds, strict=True):
+                    new = lp[m.bool()].float().cpu()
+                    d = (new - torch.tensor(o[: len(new)])).clamp(-20, 20)  # log pi - log old
+                    total += float((torch.expm1(d) - d).sum())
+                    count += len(new)
+        return total / max(count, 1)
+
     def old_logprobs(self, mb: Sequence[Transition], stats: Any) -> torch.Tensor:
         """Old log-probs ``[B, T]`` aligned with ``stats.logprobs``; a minibatch that bypassed
         :meth:`fill` falls back to the current log-probs, detached (ratio 1)."""

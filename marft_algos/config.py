@@ -446,6 +446,7 @@ class PPOLossConfig:
     importance_ratio: str = field(default="token", metadata={"help": "PPO ratio of the shared policy loss (GRPO, IPPO): 'token' (one per token), 'sequence' (one per transition: exp of its mean token log-ratio, GSPO) or 'turn' (ReMA: one per action, i.e. per agent and turn, over all its segments; = 'sequence' for single-segment actions). MARFT's losses have their own ratios and refuse other values."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
     beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
+    kl_sample: int = field(default=16, metadata={"help": "Actions per agent and step on which two KL diagnostics are measured without gradient: agent/<a>/rollout_ref_kl, KL(rollout policy || reference) before the update (whatever beta is), and agent/<a>/update_kl, KL(rollout policy || updated policy) after it (what collapse recovery's kl_max watches); 0 = off."})
     tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance sampling (TIS) cap C, used only when the engine keeps its own log-probs (engine_options logprob_source='engine'): the policy-gradient term is weighted by min(exp(trainer old log-prob - engine log-prob), C), per token (per action in action-level MARFT)."})
 
     def __post_init__(self) -> None:
@@ -454,7 +455,7 @@ class PPOLossConfig:
         _check(self.eps_high >= self.eps_low, f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low}) (clip-higher widens the upper range)")
         _check(self.loss_agg in ("token", "sequence"), f"loss_agg must be 'token' or 'sequence', got {self.loss_agg!r}")
         _check(self.importance_ratio in ("token", "sequence", "turn"), f"importance_ratio must be 'token', 'sequence' or 'turn', got {self.importance_ratio!r}")
-        check_at_least(self, {"ent_coef": 0, "beta": 0})
+        check_at_least(self, {"ent_coef": 0, "beta": 0, "kl_sample": 0})
         _check(self.tis_cap > 0 and math.isfinite(self.tis_cap), f"tis_cap must be a positive finite number, got {self.tis_cap}")
 
 
@@ -485,8 +486,8 @@ class RecoveryConfig:
     entropy_factor: float | None = field(default=3.0, metadata={"help": "Entropy surge: entropy > factor x its running baseline (None = off)."})
     entropy_min_delta: float = field(default=1.0, metadata={"help": "Entropy surge also needs entropy - baseline > this (nats)."})
     entropy_max: float | None = field(default=None, metadata={"help": "Entropy surge: absolute ceiling (None = off)."})
-    kl_max: float | None = field(default=1.0, metadata={"help": "KL spike: approx KL(old || new) of an agent above this (None = off)."})
-    ref_kl_max: float | None = field(default=None, metadata={"help": "KL spike: KL to the reference above this (None = off)."})
+    kl_max: float | None = field(default=1.0, metadata={"help": "KL spike: an agent's KL(rollout policy || updated policy) after the update (agent/<a>/update_kl) above this (None = off)."})
+    ref_kl_max: float | None = field(default=None, metadata={"help": "KL spike: an agent's KL to the reference (agent/<a>/rollout_ref_kl, else the loss's agent/<a>/ref_kl) above this (None = off)."})
     reward_drop: float | None = field(default=0.5, metadata={"help": "Reward collapse: reward EMA below (1 - drop) x its best (None = off)."})
     reward_min: float = field(default=0.2, metadata={"help": "Reward collapse is only checked once the best reward EMA reaches this."})
     reward_ema: float = field(default=0.5, metadata={"help": "Weight of the newest step in the reward EMA."})

@@ -18,6 +18,7 @@ cut) can refuse a policy step. Schedulers follow the run's clock, the training s
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections import defaultdict
@@ -202,6 +203,22 @@ class OptimizerSet:
         opt.zero_grad(set_to_none=True)
         self.steps[key] += 1
         return True, norm
+
+    def snapshot(self, key: str) -> tuple[list[torch.Tensor], dict[str, Any], int]:
+        """Group ``key``'s parameters and optimizer state, to undo a step (:meth:`restore`)."""
+        opt = self.optimizers[key]
+        params = [p.detach().clone() for g in opt.param_groups for p in g["params"]]
+        return params, copy.deepcopy(opt.state_dict()), self.steps[key]
+
+    def restore(self, key: str, snap: tuple[list[torch.Tensor], dict[str, Any], int]) -> None:
+        """Undo group ``key``'s steps since :meth:`snapshot` (weights, optimizer state, step count)."""
+        params, state, steps = snap
+        opt = self.optimizers[key]
+        with torch.no_grad():
+            for p, saved in zip((p for g in opt.param_groups for p in g["params"]), params, strict=True):
+                p.copy_(saved)
+        opt.load_state_dict(state)
+        self.steps[key] = steps
 
     def end_round(self) -> None:
         """Close one minibatch's scaling round (fp16): the scale grows, or drops after an

@@ -12,8 +12,11 @@ configurable thresholds (:class:`RecoveryConfig`):
 - **entropy surge**: an agent's mean token entropy exceeds ``entropy_factor`` times its
   running baseline (an EMA over healthy steps) *and* the baseline by at least
   ``entropy_min_delta`` nats (or exceeds ``entropy_max`` outright);
-- **KL spike**: an agent's approximate KL to the rollout policy (``agent/<a>/kl``) exceeds
-  ``kl_max``, or its KL to the reference (``agent/<a>/ref_kl``) exceeds ``ref_kl_max``;
+- **KL spike**: an agent's KL from the rollout policy to the updated one, measured after the
+  update (``agent/<a>/update_kl``), exceeds ``kl_max``, or its KL to the reference
+  (``agent/<a>/rollout_ref_kl``, else the loss's ``agent/<a>/ref_kl``) exceeds ``ref_kl_max``.
+  (The in-loss ``agent/<a>/kl`` is measured before each minibatch's step: 0 by construction
+  with one epoch and one minibatch, so it cannot show a spike at the defaults.)
 - **reward collapse**: the EMA of ``team/reward`` falls below ``(1 - reward_drop)`` times
   the best EMA seen, once that best is at least ``reward_min``.
 
@@ -99,7 +102,7 @@ class CollapseDetector:
         if skips > self.last_nonfinite:
             reasons.append("nonfinite")
         self.last_nonfinite = skips
-        watched = ["team/reward"] + [f"agent/{a}/{k}" for a in self.agents for k in ("entropy", "kl", "ref_kl", "loss")]
+        watched = ["team/reward"] + [f"agent/{a}/{k}" for a in self.agents for k in ("entropy", "update_kl", "rollout_ref_kl", "ref_kl", "loss")]
         if any(k in metrics and not math.isfinite(float(metrics[k])) for k in watched) and "nonfinite" not in reasons:
             reasons.append("nonfinite")
         if params is not None and "nonfinite" not in reasons:
@@ -121,10 +124,10 @@ class CollapseDetector:
                 if e > s.entropy_factor * base and e - base > s.entropy_min_delta:
                     reasons.append(f"entropy_surge/{a}")
         for a in self.agents:
-            kl = metrics.get(f"agent/{a}/kl")
+            kl = metrics.get(f"agent/{a}/update_kl")
             if s.kl_max is not None and kl is not None and float(kl) > s.kl_max:
                 reasons.append(f"kl_spike/{a}")
-            rkl = metrics.get(f"agent/{a}/ref_kl")
+            rkl = metrics.get(f"agent/{a}/rollout_ref_kl", metrics.get(f"agent/{a}/ref_kl"))
             if s.ref_kl_max is not None and rkl is not None and float(rkl) > s.ref_kl_max:
                 reasons.append(f"ref_kl_spike/{a}")
         r = metrics.get("team/reward")

@@ -288,6 +288,8 @@ class Trainer:
         if policies:  # old (behaviour) / reference log-probs, before any step of this update
             with self.gathered(reference=self.needs_reference()):
                 self.behaviour.fill(batch, self.agents, reference=self.needs_reference())
+        samples = self._kl_samples(batch, policies)
+        kl = self._kl_diagnostics(samples, reference=True)
         rng = np.random.default_rng(rank_seed(c.seed + 1, self.global_step, d.rank)) if d.active else self.np_rng
         self.buffers: dict[str, AgentBuffer] = {}
         sums: dict[str, list[float]] = defaultdict(list)
@@ -307,7 +309,32 @@ class Trainer:
                         sums[k].append(v)
         out = {k: float(np.mean(v)) for k, v in sums.items()}
         out.update({f"agent/{a}/policy_updated": float(a in policies) for a in self.agents})
+        out.update(kl)
+        out.update(self._kl_diagnostics(samples, reference=False))
         return out
+
+    def _kl_samples(self, batch: RolloutBatch, policies: Sequence[str]) -> dict[str, tuple[list[Transition], list[list[float]]]]:
+        """Each stepping agent's KL-diagnostic sample (``kl_sample`` actions) with its old log-probs."""
+        n = getattr(self.config, "kl_sample", 0)
+        out = {}
+        for agent in policies if n else []:
+            trs = [t for t in self.behaviour.kl_sample(batch, agent, n) if batch.estimates[t].old_logp is not None]
+            out[agent] = (trs, [batch.estimates[t].old_logp for t in trs])
+        return out
+
+    def _kl_diagnostics(self, samples: dict[str, tuple[list[Transition], list[list[float]]]], *, reference: bool) -> dict[str, float]:
+        """``agent/<a>/rollout_ref_kl`` (KL(rollout || reference), before the update) or
+        ``agent/<a>/update_kl`` (KL(rollout || updated), after it) on each agent's sample,
+        averaged over ranks; no gradient. The reference needs one (full fine-tuning keeps a frozen copy)."""
+        if reference and getattr(self.policy, "mode", None) == "full" and not self.needs_reference():
+            return {}  # the frozen reference copy exists only when a KL penalty asks for it
+        name = "rollout_ref_kl" if reference else "update_kl"
+        out: dict[str, float] = {}
+        with self.gathered(reference=reference):
+            for agent in [a for a in self.agents if a in samples]:  # team order: the ranks' collectives pair up
+                trs, old = samples[agent]
+                out[f"agent/{agent}/{name}"] = self.behaviour.kl_to(agent, trs, old, reference=reference) if trs else 0.0
+        return self.dist.mean_metrics(out)
 
     def train_minibatch(self, agent: str, mb: Minibatch, *, policy: bool = True) -> dict[str, float]:
         """One minibatch of ``agent``: each value term (whole minibatch), then with ``policy``
@@ -325,7 +352,16 @@ class Trainer:
             pieces = self.micro_batches(mb)
             loss, m = self.policy_term(agent, mb) if len(pieces) == 1 else self.accumulate(agent, pieces)
             metrics.update(m)
-            self._step("policy", agent, loss, metrics, weight=self.algorithm.units("policy", mb), accumulated=len(pieces) > 1, veto=self.kl_cut(agent))
+            cut = self.kl_cut(agent)
+            snap = self.optim.snapshot(agent) if cut is not None else None
+            if self._step("policy", agent, loss, metrics, weight=self.algorithm.units("policy", mb), accumulated=len(pieces) > 1, veto=cut) and cut is not None:
+                # the trust region after the step: a step that moved the policy past the threshold is undone
+                with torch.no_grad():
+                    after = self.dist.mean_metrics(self.policy_term(agent, mb)[1], self.algorithm.units("policy", mb))
+                metrics[f"agent/{agent}/step_kl"] = after[f"agent/{agent}/{self.algorithm.kl_cut_metric}"]
+                if cut(after):
+                    self.optim.restore(agent, snap)
+                    metrics[f"agent/{agent}/kl_cut"] = 1.0
             own += loss.detach().double().cpu()
         self.optim.end_round()
         if has_own:
@@ -362,15 +398,22 @@ class Trainer:
                 seen[k] += share
         return total, {k: sums[k] / seen[k] for k in sums if seen[k] > 0}
 
-    def _step(self, term: str, agent: str, loss: torch.Tensor, metrics: dict[str, float], **kw: Any) -> None:
+    def _step(self, term: str, agent: str, loss: torch.Tensor, metrics: dict[str, float], **kw: Any) -> bool:
         key = group_key(term, agent)
-        _, norm = self.optim.step(key, agent, loss, metrics, **kw)
+        stepped, norm = self.optim.step(key, agent, loss, metrics, **kw)
         if norm is not None:
             metrics[f"{metric_prefix(key, agent)}/grad_norm"] = norm
+        return stepped
 
     def kl_cut(self, agent: str) -> Callable[[dict[str, float]], bool] | None:
         """The KL hard cut of ``agent``'s policy step (``config.kl_threshold`` on the algorithm's
-        :attr:`~marft_algos.algorithm.Algorithm.kl_cut_metric`), or None."""
+        :attr:`~marft_algos.algorithm.Algorithm.kl_cut_metric`), or None.
+
+        It is checked twice: before the step, on the KL the minibatch's loss measured (moves
+        with several epochs or minibatches, or a policy that moved since the rollout), and
+        after it, on the KL of the updated policy on the same minibatch (``agent/<a>/step_kl``;
+        a step past the threshold is undone: a trust region that also holds at one epoch and
+        one minibatch, where the first is 0 by construction)."""
         th, name = getattr(self.config, "kl_threshold", None), self.algorithm.kl_cut_metric
         if th is None or name is None:
             return None

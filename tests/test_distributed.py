@@ -105,7 +105,7 @@ def test_minibatch_weight_counts_the_loss_units():
 # ---- 2 ranks ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", ["grpo", "marft"])
+@pytest.mark.parametrize("algo", ["grpo", "marft", "ippo-turn"])
 def test_two_ranks_half_batch_equal_one_rank_full_batch(algo, tmp_path):
     t = worker.make_trainer(algo)
     before = {a: t.policy.adapter_state_dict(a) for a in t.agents}

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-ALGOS = {"grpo": ("marft_algos.algos.grpo", "GRPOConfig", "GRPOTrainer"), "marft": ("marft_algos.algos.marft_action", "MARFTActionConfig", "MARFTActionTrainer")}
+ALGOS = {"grpo": ("marft_algos.algos.grpo", "GRPOConfig", "GRPOTrainer"), "marft": ("marft_algos.algos.marft_action", "MARFTActionConfig", "MARFTActionTrainer"),
+         "ippo-turn": ("marft_algos.algos.ippo", "IPPOConfig", "IPPOTrainer")}
 
 
 def make_trainer(algo: str, **kw: Any) -> Any:
@@ -35,6 +36,8 @@ def make_trainer(algo: str, **kw: Any) -> Any:
         base["group_size"] = 2
     else:
         base.update(critic_lr=1e-2, normalize_advantages="batch")
+    if algo == "ippo-turn":  # MARS turn-level advantages, normalised per agent over every rank's batch
+        base.update(advantage_estimator="turn", normalize_advantages="agent")
     base.update(kw)
     return getattr(m, tr_name)(getattr(m, cfg_name)(**base), policy=letter_policy(mode=base.get("mode", "lora")))
 

@@ -240,15 +240,33 @@ def test_heterogeneous_team_with_the_default_shared_critic(algo):
 
 
 def test_kl_hard_cut_skips_the_policy_step_not_the_critic_and_logs_per_agent():
-    # two epochs: the second sees KL(old || new) > 0 after the first step, above a tiny threshold
+    # a tiny threshold: every step would move KL(old || new) past it, so each is undone after
+    # the step (the trust region), epoch after epoch; the critic trains on regardless
     t = MARFTActionTrainer(tiny_config(ppo_epochs=2, kl_threshold=1e-9, lr=0.05, logprob_norm="sum"), policy=letter_policy())
+    before = {a: snapshot(t.policy.trainable_parameters(a)) for a in t.agents}
     m = t.train_step()
     for a in t.agents:
-        assert t.optimizer_steps[a] == 1  # epoch 1 stepped, epoch 2 was cut
-        assert t.counters[f"agent/{a}/kl_cuts"] == 1
-        assert m[f"agent/{a}/kl_cuts"] == 1
+        assert t.optimizer_steps[a] == 0  # both epochs' steps were undone
+        assert not changed(before[a], t.policy.trainable_parameters(a))
+        assert t.counters[f"agent/{a}/kl_cuts"] == 2
+        assert m[f"agent/{a}/step_kl"] > 1e-9
     assert t.optimizer_steps[CRITIC_KEY] == 4  # 2 epochs x 2 agents: the critic never stops
-    assert m["train/kl_cuts"] == 2
+    assert m["train/kl_cuts"] == 4
+
+
+def test_kl_hard_cut_fires_at_the_defaults_after_a_step_too_large():
+    # one epoch, one minibatch: the pre-step KL is 0 by construction, the post-step one is not;
+    # a step past the threshold is undone (weights and Adam state), one within it is kept
+    t = MARFTActionTrainer(tiny_config(kl_threshold=1e-12, lr=0.05), policy=letter_policy())
+    assert t.config.ppo_epochs == 1 and t.config.num_minibatches == 1
+    before = snapshot(t.policy.trainable_parameters("speaker"))
+    m = t.train_step()
+    assert m["agent/speaker/kl_cut"] == 1.0 and m["agent/speaker/kl"] < 1e-9 < m["agent/speaker/step_kl"]
+    assert not changed(before, t.policy.trainable_parameters("speaker")) and t.optimizer_steps["speaker"] == 0
+    assert not t.optimizers["speaker"].state  # Adam's moments are back to none
+    loose = MARFTActionTrainer(tiny_config(kl_threshold=1e3, lr=0.05), policy=letter_policy())
+    m = loose.train_step()
+    assert m["agent/speaker/kl_cut"] == 0.0 and loose.optimizer_steps["speaker"] == 1
 
 
 def test_old_logp_are_the_sampler_logprobs():
@@ -270,7 +288,7 @@ def test_old_logp_are_the_sampler_logprobs():
 def test_kl_cut_fires_at_default_epochs_when_the_policy_moved_since_the_rollout():
     # one epoch, one minibatch (the MARFT defaults): the "old" log-probs are those of the
     # rollout policy, so a policy that moved between rollout and update is caught
-    t = MARFTActionTrainer(tiny_config(kl_threshold=1e-3), policy=letter_policy())
+    t = MARFTActionTrainer(tiny_config(kl_threshold=0.1), policy=letter_policy())
     assert t.config.ppo_epochs == 1 and t.config.num_minibatches == 1
     batch = t.collect()
     t.estimate(batch)
@@ -279,7 +297,7 @@ def test_kl_cut_fires_at_default_epochs_when_the_policy_moved_since_the_rollout(
         for p in t.policy.trainable_parameters("speaker"):
             p.add_(torch.randn(p.shape, generator=g))
     m = t.update(batch)
-    assert m["agent/speaker/action_kl"] > 1e-3 and m["agent/speaker/kl_cut"] == 1.0
+    assert m["agent/speaker/action_kl"] > 0.1 and m["agent/speaker/kl_cut"] == 1.0
     assert t.counters["agent/speaker/kl_cuts"] == 1 and t.optimizer_steps["speaker"] == 0
     assert m["agent/listener/kl_cut"] == 0.0 and t.optimizer_steps["listener"] == 1  # its adapter did not move
     assert t.optimizer_steps[CRITIC_KEY] == 2

@@ -184,6 +184,7 @@ class GRPO(PPOPolicy, RewardSourceSetting, Algorithm):
             gamma=c.turn_gamma,
             normalize={"agent": "agent", "group": "batch", "none": "none"}[c.normalize_advantages],
             group_ids=[t.group_id for t in trs],
+            action_ids=[t.action_key for t in trs],
         )
         for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
             t.advantage, t.returns = float(a), float(r)

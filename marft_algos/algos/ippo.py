@@ -131,24 +131,23 @@ class IPPO(ActionValueEstimation, PPOPolicy, RewardSourceSetting, Algorithm):
         if c.advantage_estimator == "turn":
             from marft_algos.advantages import turn_level_advantages
 
-            adv, ret = turn_level_advantages(rewards, [t.agent for t in trs], [t.episode_id for t in trs],
-                                             gamma=c.gamma, normalize=c.normalize_advantages)
-            for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
-                t.advantage, t.returns = float(a), float(r)
-            return
-        adv, ret = per_agent_gae(
-            rewards,
-            [t.value for t in trs],
-            agent_ids=[t.agent for t in trs],
-            episode_ids=[t.episode_id for t in trs],
-            gamma=c.gamma,
-            lam=c.lam,
-            # an agent's chain ends at its last action of the episode, or earlier if it was done
-            terminal=self._terminal_flags(batch),
-            # an action whose prompt did not fit has no value: the agent's previous action
-            # bootstraps from its next real one
-            passthrough=[not t.trainable for t in trs],
-        )
+            # raw returns here, normalised below over every rank's batch like the GAE path
+            adv, ret = turn_level_advantages(rewards, [t.agent for t in trs], [t.episode_id for t in trs], gamma=c.gamma,
+                                             normalize="none", action_ids=[t.action_key for t in trs])
+        else:
+            adv, ret = per_agent_gae(
+                rewards,
+                [t.value for t in trs],
+                agent_ids=[t.agent for t in trs],
+                episode_ids=[t.episode_id for t in trs],
+                gamma=c.gamma,
+                lam=c.lam,
+                # an agent's chain ends at its last action of the episode, or earlier if it was done
+                terminal=self._terminal_flags(batch),
+                # an action whose prompt did not fit has no value: the agent's previous action
+                # bootstraps from its next real one
+                passthrough=[not t.trainable for t in trs],
+            )
         for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
             t.advantage, t.returns = float(a), float(r)
         if c.normalize_advantages != "none":
