@@ -13,8 +13,8 @@ loop):
 
 A callback with a ``state_key`` has its ``state_dict()`` saved in the trainer's checkpoint
 under that key (and restored by ``load_state_dict``). The built-in ones:
-:class:`Transcripts`, :class:`PeriodicCheckpoint`, :class:`FinalArtifacts`,
-:class:`FaultHook`; collapse recovery (:class:`marft_algos.recovery.CollapseRecovery`) and
+:class:`ProgramErrors`, :class:`Transcripts`, :class:`PeriodicCheckpoint`,
+:class:`FinalArtifacts`, :class:`FaultHook`; collapse recovery (:class:`marft_algos.recovery.CollapseRecovery`) and
 self-play (:class:`marft_algos.selfplay.SelfPlay`) are callbacks too.
 """
 
@@ -27,7 +27,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Callback", "FaultHook", "FinalArtifacts", "PeriodicCheckpoint", "Transcripts", "default_callbacks"]
+__all__ = [
+    "Callback",
+    "FaultHook",
+    "FinalArtifacts",
+    "PeriodicCheckpoint",
+    "ProgramError",
+    "ProgramErrors",
+    "Transcripts",
+    "default_callbacks",
+    "program_errors",
+]
 
 
 class Callback:
@@ -90,6 +100,47 @@ class Transcripts(Callback):
         """The last step's, unless they were just written."""
         if trainer.logger is not None and self.last_batch is not None and trainer.config.transcript_every and self.written_at != trainer.global_step:
             self.write(trainer, self.last_batch)
+
+
+class ProgramError(RuntimeError):
+    """A user program raised during an episode and ``strict_programs`` is on."""
+
+
+def program_errors(batch: Any) -> list[str]:
+    """The traceback (or error text) of each episode of ``batch`` whose program raised."""
+    out = []
+    for ep in batch.episodes:
+        failed = [t for t in ep.transitions if "program_error" in t.flags]
+        if failed or "program_error" in (ep.info.get("flags") or []):
+            info = failed[-1].info if failed else ep.info
+            out.append(str(info.get("program_traceback") or info.get("error") or "(no traceback recorded)"))
+    return out
+
+
+class ProgramErrors(Callback):
+    """Episodes whose user program raised (workflow and program envs): counted per step
+    (``rollout/program_errors``, and ``..._total``), the first traceback printed in full and
+    a one-line summary per step with errors; with ``strict_programs`` the run stops there."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def on_batch(self, trainer: Any, batch: Any) -> None:
+        """Count, print, or stop."""
+        errors = program_errors(batch)
+        batch.metrics["rollout/program_errors"] = float(len(errors))
+        if not errors:
+            return
+        trainer.counters["rollout/program_errors_total"] += len(errors)
+        step = trainer.global_step + 1
+        if trainer.config.strict_programs:
+            raise ProgramError(f"step {step}: the program raised (strict_programs=True):\n{errors[0]}")
+        log = logging.getLogger("marft")
+        if not self.shown:
+            log.warning("step %d: the program raised; its episodes train on reward 0. First traceback:\n%s", step, errors[0])
+            self.shown = True
+        last = errors[0].strip().splitlines()[-1] if errors[0].strip() else ""
+        log.warning("step %d: %d of %d episodes ended with a program error (%s)", step, len(errors), len(batch.episodes), last)
 
 
 class PeriodicCheckpoint(Callback):
@@ -157,7 +208,7 @@ def env_fault() -> Callable[[str, int], None] | None:
 def default_callbacks(fault: Callable[[str, int], None] | None = None) -> list[Callback]:
     """Transcripts, the fault hook (if any), periodic checkpoints, and the final checkpoint and
     plot (``on_train_end`` runs in this order)."""
-    out: list[Callback] = [Transcripts()]
+    out: list[Callback] = [ProgramErrors(), Transcripts()]
     if fault is not None:
         logging.getLogger("marft").info("fault hook armed")
         out.append(FaultHook(fault))  # before the periodic checkpoint: "step" is logged, not yet saved

@@ -257,6 +257,7 @@ class TrainConfig:
     log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
     transcript_every: int = field(default=10, metadata={"help": "Save sample transcripts every N steps (0 = never)."})
     transcripts_per_step: int = field(default=2, metadata={"help": "Episodes written per transcript dump."})
+    strict_programs: bool = field(default=False, metadata={"help": "Stop the run at the first episode whose program (workflow / program env) raised, with its traceback, instead of training on its reward 0 (counted as rollout/program_errors, the first traceback printed)."})
     save_every: int = field(default=0, metadata={"help": "Checkpoint every N steps (0 = only at the end)."})
     keep_checkpoints: int = field(default=2, metadata={"help": "Checkpoints kept on disk (the newest ones)."})
     tensorboard: bool = field(default=True, metadata={"help": "Also write TensorBoard events."})

@@ -180,6 +180,8 @@ class Episode:
                     "finish_reason": t.finish_reason,
                     "flags": t.flags,
                     "prompt": t.extras.get("prompt", []),
+                    # a user program's exception (workflow / program envs), kept with its episode
+                    **({"error": t.info.get("program_traceback") or t.info.get("error")} if "program_error" in t.flags else {}),
                 }
                 for t in self.transitions
             ],

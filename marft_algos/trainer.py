@@ -271,8 +271,18 @@ class Trainer:
 
     # ---- phase 2: estimate -----------------------------------------------------------------
     def estimate(self, batch: RolloutBatch) -> None:
-        """The algorithm's estimator fills advantages / returns / values (a critic gathers FSDP weights itself)."""
+        """The algorithm's estimator fills advantages / returns / values (a critic gathers FSDP
+        weights itself). With groups of episodes it logs ``train/frac_reward_zero_std``, the
+        share of groups that carry no signal (TRL's name), and warns when no group does."""
         self.algorithm.estimate(batch)
+        if self.algorithm.group_size > 1:
+            groups = list(batch.groups().values())
+            flat = self.dist.sum([float(sum(self.algorithm.no_signal(g) for g in groups)), float(len(groups))])
+            frac = flat[0] / flat[1] if flat[1] else 0.0
+            batch.metrics["train/frac_reward_zero_std"] = frac
+            if flat[1] and frac == 1.0:
+                log.warning("step %d: every group's episodes scored alike: no learning signal in this step "
+                            "(loss and gradients are 0; see train/frac_reward_zero_std)", self.global_step + 1)
 
     # ---- phase 3: update -------------------------------------------------------------------
     def update(self, batch: RolloutBatch) -> dict[str, float]:

@@ -88,3 +88,53 @@ def test_collapse_detector_watches_the_post_update_kl():
     d = CollapseDetector(RecoveryConfig(kl_max=0.5, warmup=0), ["a"])
     assert d.check({"agent/a/kl": 0.0, "agent/a/update_kl": 0.7}) == ["kl_spike/a"]
     assert d.check({"agent/a/kl": 0.9, "agent/a/update_kl": 0.1}) == []
+
+
+# ---- what a user's program and a silent team look like in a run (issue 28 items 16, 18) ----
+
+
+def _program_team(program, **kw):
+    from marft_envs.tasks.base import GradeResult
+    from marft_envs.workflow import ProblemList, make_workflow_env
+
+    problems = ProblemList(["Say yes.", "Say no."], lambda text, problem: GradeResult(correct="yes" in text, score=1.0))
+    cfg = GRPOConfig(**{**{k: v for k, v in echo_kwargs(**kw).items() if k not in ("critic_lr", "recovery", "env_kwargs", "sampling_overrides")},
+                        "env_id": "workflow-example-v0", "group_size": 2})
+    return GRPOTrainer(cfg, policy=letter_policy(("writer",)), env_fn=lambda: make_workflow_env(program, ["writer"], problems=problems))
+
+
+async def _fails(team, problem):
+    reply = await team.call("writer", problem.question)
+    return float(int(reply))  # a model's reply is rarely an int: ValueError
+
+
+def test_program_errors_are_counted_printed_and_kept_in_transcripts(caplog, tmp_path):
+    t = _program_team(_fails, out_dir=str(tmp_path / "run"), transcript_every=1)
+    with caplog.at_level("WARNING", logger="marft"):
+        m = t.train_step()
+        t.train_step()
+    assert m["rollout/program_errors"] == 4.0 and t.counters["rollout/program_errors_total"] == 8.0
+    assert caplog.text.count("First traceback") == 1 and "ValueError" in caplog.text  # printed once, in full
+    assert caplog.text.count("episodes ended with a program error") == 2  # a summary per step
+    t.logger.flush()
+    transcript = (tmp_path / "run" / "transcripts.jsonl").read_text()
+    assert "ValueError" in transcript and "int(reply)" in transcript
+
+
+def test_strict_programs_stop_at_the_first_error():
+    from marft_algos.callbacks import ProgramError
+
+    t = _program_team(_fails, strict_programs=True)
+    with pytest.raises(ProgramError, match="ValueError"):
+        t.train_step()
+
+
+def test_a_step_without_signal_is_counted_and_warned(caplog):
+    async def same(team, problem):
+        await team.call("writer", problem.question)
+        return 1.0  # every episode scores alike
+
+    t = _program_team(same)
+    with caplog.at_level("WARNING", logger="marft"):
+        m = t.train_step()
+    assert m["train/frac_reward_zero_std"] == 1.0 and "no learning signal" in caplog.text
