@@ -25,6 +25,8 @@ Builders
 - :func:`per_agent_gae` -- IPPO: each agent's own actions form its chain (no chaining
   across agents).
 - :func:`grpo_advantages` -- group-relative advantages (global or agent-wise, Dr. MAS).
+- :func:`frac_zero_std_groups` -- the share of GRPO groups whose rewards are all equal
+  (no signal; TRL's ``frac_reward_zero_std``), for the step's metrics.
 - :func:`turn_level_advantages` -- MARS: each agent's own turn-level returns,
   normalised per agent (no critic; for per-agent rewards in games and self-play).
 
@@ -52,6 +54,7 @@ __all__ = [
     "token_level_backup",
     "per_agent_gae",
     "grpo_advantages",
+    "frac_zero_std_groups",
     "turn_level_advantages",
     "episode_segments",
     "once_per_action",
@@ -591,6 +594,32 @@ def grpo_advantages(
     if as_torch:
         return torch.as_tensor(adv, dtype=rewards.dtype if rewards.is_floating_point() else torch.float32, device=rewards.device)
     return adv
+
+
+def frac_zero_std_groups(rewards: ArrayLike, group_ids: ArrayLike, atol: float = 1e-8) -> float:
+    """The fraction of groups whose rewards all agree (std 0): the groups that give GRPO no signal.
+
+    A group is the samples sharing a ``group_ids`` entry; its rewards "agree" when their spread
+    (max - min) is at most ``atol``, so a group of one sample counts as zero-std, as in
+    :func:`grpo_advantages` (whose advantages are exactly 0 there). Every group counts once,
+    whatever its size. An empty batch has no groups: 0.0.
+
+    Example: the first group has signal, the second does not::
+
+        >>> frac_zero_std_groups([1.0, 0.0, 1.0, 1.0], group_ids=[0, 0, 1, 1])
+        0.5
+    """
+    r = (rewards.detach().cpu().numpy() if torch.is_tensor(rewards) else np.asarray(rewards, dtype=np.float64)).reshape(-1)
+    groups = np.asarray(group_ids.cpu() if torch.is_tensor(group_ids) else group_ids).reshape(-1)
+    if groups.shape[0] != r.shape[0]:
+        raise ValueError(f"group_ids has {groups.shape[0]} entries for {r.shape[0]} rewards; give one group id per reward")
+    if r.shape[0] == 0:
+        return 0.0
+    cells: dict[Any, list[float]] = {}
+    for g, v in zip(groups.tolist(), r.tolist(), strict=True):
+        cells.setdefault(g, []).append(v)
+    zero = sum(1 for vs in cells.values() if max(vs) - min(vs) <= atol)
+    return zero / len(cells)
 
 
 def turn_level_advantages(

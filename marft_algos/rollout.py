@@ -35,6 +35,7 @@ _log = logging.getLogger("marft")
 
 __all__ = [
     "ContextOverflowError",
+    "agent_reward_metrics",
     "component_and_route_metrics",
     "overlong_summary",
     "RolloutCollector",
@@ -666,17 +667,51 @@ class RolloutCollector:
             for t in ep.transitions:
                 by_agent[t.agent].append(t)
         self._warn_idle(set(by_agent), len(episodes))
-        m.update(component_and_route_metrics(episodes))
+        m.update(component_and_route_metrics(episodes, routed=self._routed()))
+        m.update(agent_reward_metrics(episodes))
         for agent in self.possible_agents:
             m[f"agent/{agent}/actions"] = float(len(by_agent.get(agent, ())))
         for agent, trs in by_agent.items():
-            m[f"agent/{agent}/reward"] = float(np.mean([t.credited_reward for t in trs]))
             m[f"agent/{agent}/response_len"] = float(np.mean([t.num_tokens for t in trs]))
             m[f"agent/{agent}/length_stop_frac"] = float(np.mean([t.finish_reason == "length" for t in trs]))
         return m
 
 
-def component_and_route_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    def _routed(self) -> bool:
+        """Whether the team's acting order depends on what agents say (a routed topology)."""
+        env = getattr(self.envs[0], "unwrapped", self.envs[0]) if self.envs else None
+        topology = getattr(getattr(env, "team", None), "topology", None)
+        return topology is not None and not getattr(topology, "is_static", True)
+
+
+def agent_reward_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Per-agent reward metrics of a batch, for metrics.jsonl / TensorBoard.
+
+    - ``agent/<a>/reward``: ``a``'s return per episode (every reward credited to its actions,
+      :meth:`Episode.agent_return`), averaged over the episodes in which ``a`` acted. For a
+      team reward it is the team reward per episode for every role that acted, however many
+      calls each made (an orchestrator that speaks three times is not shown a third of it);
+      in a game it is the agent's own score.
+    - ``agent/<a>/credit``: the reward credited per call (action), averaged over ``a``'s
+      calls: what one of its actions earned on average (for a team reward given at the end,
+      an agent's non-final calls in an episode earn 0).
+    """
+    returns: dict[str, list[float]] = defaultdict(list)
+    credits: dict[str, list[float]] = defaultdict(list)
+    for ep in episodes:
+        acted = dict.fromkeys(t.agent for t in ep.transitions)
+        for t in ep.transitions:
+            credits[t.agent].append(t.credited_reward)
+        for agent in acted:
+            returns[agent].append(ep.agent_return(agent))
+    out: dict[str, float] = {}
+    for agent, vals in returns.items():
+        out[f"agent/{agent}/reward"] = float(np.mean(vals))
+        out[f"agent/{agent}/credit"] = float(np.mean(credits[agent]))
+    return out
+
+
+def component_and_route_metrics(episodes: Sequence[Episode], routed: bool = False) -> dict[str, float]:
     """Reward components and route choices of a batch, for metrics.jsonl / TensorBoard.
 
     - ``team/reward/<component>``: per-episode sum of each ``info["reward_components"]``
@@ -684,14 +719,19 @@ def component_and_route_metrics(episodes: Sequence[Episode]) -> dict[str, float]
     - ``agent/<a>/reward/<component>``: the same components of the grades that ``a``'s own
       actions produced, averaged over ``a``'s actions;
     - ``route/<from>-><to>``: the share of hops from ``from`` (an action followed by another
-      in its episode) that went to ``to`` (the executed order: fixed, DAG or routed).
+      in its episode) that went to ``to`` (the executed order: fixed, DAG or routed);
+    - ``team/route_unparsed``: the share of episodes with an action flagged ``route_unparsed``
+      (a route line the env could not read): logged every step for a ``routed`` team (0 when
+      every route was read), and for any team whose actions raised the flag.
     """
     team: dict[str, float] = defaultdict(float)
     per_agent: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     actions: dict[str, int] = defaultdict(int)
     hops: dict[tuple[str, str], int] = defaultdict(int)
+    unparsed = 0
     for ep in episodes:
         prev = None
+        unparsed += any("route_unparsed" in (t.flags or ()) for t in ep.transitions)
         for t in ep.transitions:
             actions[t.agent] += 1
             comps = t.info.get("reward_components") if isinstance(t.info, dict) else None
@@ -715,6 +755,8 @@ def component_and_route_metrics(episodes: Sequence[Episode]) -> dict[str, float]
         leaving[a] += k
     for (a, b), k in hops.items():
         out[f"route/{a}->{b}"] = k / leaving[a]
+    if (routed or unparsed) and episodes:
+        out["team/route_unparsed"] = unparsed / len(episodes)
     return out
 
 

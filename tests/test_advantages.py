@@ -403,3 +403,28 @@ def test_property_token_level_shapes_and_returns(lengths: list[int], seed: int) 
     # undiscounted reward-to-go of the episode from that action on
     adv1, ret1 = token_level_backup(r, tv, turns, gamma_agent=1, lam_agent=1, gamma_turn=1, lam_turn=1)
     np.testing.assert_allclose([x[0] for x in ret1], np.cumsum(r[::-1])[::-1], atol=1e-9)
+
+
+# --------------------------------------------------------------------------------------
+# frac_zero_std_groups (issue 28 item 18): the share of GRPO groups with no signal
+# --------------------------------------------------------------------------------------
+
+
+def test_frac_zero_std_groups_closed_form() -> None:
+    from marft_algos.advantages import frac_zero_std_groups, grpo_advantages
+
+    # groups: a = [1, 0] (signal), b = [1, 1] (none), c = [0.5] (one sample: none), d = [2, 2, 2] (none)
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.5, 2.0, 2.0, 2.0]
+    groups = ["a", "a", "b", "b", "c", "d", "d", "d"]
+    assert frac_zero_std_groups(rewards, groups) == 3 / 4
+    # each group counts once whatever its size; torch in, same answer
+    assert frac_zero_std_groups(torch.tensor(rewards), torch.tensor([0, 0, 1, 1, 2, 3, 3, 3])) == 3 / 4
+    # agrees with grpo_advantages: exactly the zero-std groups have all-zero advantages
+    adv = grpo_advantages(rewards, group_ids=groups)
+    zero_groups = {g for g in set(groups) if all(adv[k] == 0 for k, h in enumerate(groups) if h == g)}
+    assert zero_groups == {"b", "c", "d"}
+    assert frac_zero_std_groups([0.0, 1.0], [0, 0]) == 0.0
+    assert frac_zero_std_groups([0.3, 0.3 + 1e-12], [0, 0]) == 1.0  # float noise is no signal
+    assert frac_zero_std_groups([], []) == 0.0
+    with pytest.raises(ValueError, match="one group id per reward"):
+        frac_zero_std_groups([1.0, 2.0], [0])

@@ -321,3 +321,42 @@ def test_records_keep_the_score_and_the_tool_use_of_every_step() -> None:
     assert (row["episodes"], row["actions"], row["steps"], row["tool_calls"], row["tool_errors"]) == (2, 1.0, 2.0, 2.0, 1.0)
     assert row["tool_error_rate"] == 0.5 and row["errors_by_kind"] == {"unknown_tool": 2}
     assert row["tokens"] == sum(a["tokens"] for a in first.actions + second.actions) / 2
+
+
+# --------------------------------------------------------------------------------------
+# the compare view's format errors and costs (issue 28 item 23)
+# --------------------------------------------------------------------------------------
+
+
+def _record(actions, components=None, reward=0.0):
+    from marft_algos.evaluation.samples import SampleRecord
+
+    acts = [{"agent": a, "text": t, "tokens": 3, "finish": "eos"} for a, t in actions]
+    return SampleRecord(problem=0, sample=0, correct=False, tokens=6, calls=len(acts), timed_out=False, answer=None,
+                        actions=acts, reward=reward, components=components or {})
+
+
+def test_compare_reports_format_errors_only_for_roles_that_answer() -> None:
+    from marft_algos.evaluation.compare import agent_stats
+
+    # arith-duo: the reasoner thinks aloud (never graded as the answer), the actor answers
+    recs = [_record([("reasoner", "let me think about it"), ("actor", "the answer is 7")]),
+            _record([("reasoner", "hmm"), ("actor", "no idea")])]
+    stats = agent_stats(recs, "arith-duo-v0", "test", {})
+    assert "format_error" not in stats["reasoner"]  # not a format error: it never answers
+    assert stats["actor"]["format_error"] == 0.5
+    assert stats["reasoner"]["tokens"] == 3.0 and "correct_alone" in stats["reasoner"]
+
+
+def test_compare_cost_counts_the_users_own_cost_components() -> None:
+    from marft_algos.evaluation.compare import _team_rows
+
+    def rec(latency, api_cost, chars):
+        return _record([("actor", "7")], {"outcome": 1.0, "latency": latency, "api_cost": api_cost, "chars": chars,
+                                          "bonus": 0.2}, reward=1.0)
+
+    ra = [rec(-0.5, 0.0, -0.01), rec(-0.5, -0.2, -0.03)]  # cost per episode 0.51, 0.73
+    rb = [rec(-0.1, 0.0, 0.0), rec(-0.3, 0.0, -0.02)]  # 0.10, 0.32
+    rows = {r["metric"]: r for r in _team_rows(ra, rb)}
+    assert rows["cost"]["A"] == pytest.approx(0.62) and rows["cost"]["B"] == pytest.approx(0.21)
+    assert rows["reward/latency"]["A"] == pytest.approx(-0.5)  # the component row is kept too

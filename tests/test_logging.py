@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from marft_algos.logging import MetricsLogger, agent_metric, read_metrics
 from marft_algos.plotting import plot_learning_curve
 from marft_algos.records import Episode, Transition
@@ -73,7 +75,7 @@ def test_learning_curve_png(tmp_path):
 
 
 def test_learning_curve_has_one_panel_per_quantity_and_integer_steps(tmp_path):
-    from marft_algos.plotting import curve_panels
+    from marft_algos.plotting import TOKENS_PANEL, curve_panels
 
     log = MetricsLogger(tmp_path, tensorboard=False)
     for step in range(1, 4):
@@ -87,7 +89,7 @@ def test_learning_curve_has_one_panel_per_quantity_and_integer_steps(tmp_path):
     # KL and entropy never share an axis; reward components are not mistaken for diagnostics
     assert panels["per-agent kl"] == ["agent/a/kl", "agent/b/kl"] and panels["per-agent entropy"] == ["agent/a/entropy"]
     assert panels["held-out accuracy (95% interval)"] == ["eval/accuracy"]
-    assert panels["cost"] == ["team/tokens_per_episode"] and panels["team reward"] == ["team/reward", "team/accuracy"]
+    assert panels[TOKENS_PANEL] == ["team/tokens_per_episode"] and panels["team reward"] == ["team/reward", "team/accuracy"]
     out = plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.png")
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -131,3 +133,83 @@ def test_a_two_step_run_writes_transcripts_with_prompts_at_step_1_and_at_the_end
     assert action["agent"] == "speaker" and any("vocabulary" in m["content"].lower() for m in action["prompt"])
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert "team/reward/outcome" in rows[0] and "route/speaker->listener" in rows[0]
+
+
+# --------------------------------------------------------------------------------------
+# the learning-curve figure (issue 28 item 23): integer ticks, no empty axis, grad-norm,
+# zero-signal and user cost panels
+# --------------------------------------------------------------------------------------
+
+
+def _axis(fig, title):
+    found = [ax for ax in fig.axes if ax.get_title() == title]
+    assert len(found) == 1, [ax.get_title() for ax in fig.axes]
+    return found[0]
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 7])
+def test_learning_curve_ticks_are_whole_steps_on_short_runs(steps):
+    import matplotlib.pyplot as plt
+
+    from marft_algos.plotting import learning_curve_figure
+
+    rows = [{"step": s, "team/reward": 0.5, "agent/a/kl": 1e-4 * s} for s in range(1, steps + 1)]
+    fig = learning_curve_figure(rows)
+    fig.canvas.draw()
+    try:
+        for ax in fig.axes:
+            lo, hi = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+            assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+            assert set(range(1, steps + 1)) <= {int(t) for t in ticks}  # every step of a short run is a tick
+    finally:
+        plt.close(fig)
+
+
+def test_learning_curve_has_no_empty_axis_and_grad_norm_and_zero_signal_panels():
+    import matplotlib.pyplot as plt
+
+    from marft_algos.plotting import ZERO_SIGNAL_PANEL, learning_curve_figure
+
+    rows = [{"step": s, "team/reward": 0.1 * s, "agent/a/grad_norm": 0.3, "agent/b/grad_norm": 0.2,
+             "train/frac_reward_zero_std": 0.25 * s, "agent/a/kl": float("nan")} for s in range(1, 4)]
+    fig = learning_curve_figure(rows)  # 3 panels with data; a NaN-only metric gets none
+    try:
+        assert len(fig.axes) == 3 and all(ax.has_data() for ax in fig.axes)
+        grad = _axis(fig, "per-agent grad_norm")
+        assert sorted(line.get_label() for line in grad.get_lines()) == ["agent/a/grad_norm", "agent/b/grad_norm"]
+        zero = _axis(fig, ZERO_SIGNAL_PANEL)
+        assert list(zero.get_lines()[0].get_ydata()) == [0.25, 0.5, 0.75]
+    finally:
+        plt.close(fig)
+    rows = [{"step": s, "team/reward": 0.1 * s, "team/tokens_per_episode": 9.0, "agent/a/kl": 0.1,
+             "agent/a/entropy": 1.0} for s in range(1, 4)]
+    fig = learning_curve_figure(rows)  # 4 panels in a 3-column grid: the two spare cells are removed
+    try:
+        assert len(fig.axes) == 4 and all(ax.has_data() for ax in fig.axes)
+    finally:
+        plt.close(fig)
+
+
+def test_learning_curve_cost_panel_takes_the_users_own_cost_components():
+    import matplotlib.pyplot as plt
+
+    from marft_algos.plotting import COST_PANEL, curve_panels, learning_curve_figure
+
+    rows = [{"step": s, "team/reward": 1.0, "team/reward/outcome": 1.0 * (s % 2),  # a gain, not a cost
+             "team/reward/chars": 0.0,  # a built-in cost at weight 0: nothing to show
+             "team/reward/tokens": -0.02 * s,  # a built-in cost in force (negative)
+             "team/reward/latency": -0.5,  # a user program's own component: negative weight
+             "team/reward/api_cost": 0.0 if s == 1 else -0.1,  # "cost" in its name
+             "team/reward/wait": 0.3,  # positive, but the user marks it as a cost
+             "team/reward/bonus": 0.2} for s in range(1, 4)]
+    assert dict(curve_panels(rows))[COST_PANEL] == ["team/reward/tokens", "team/reward/latency", "team/reward/api_cost"]
+    assert dict(curve_panels(rows, cost_components=["wait"]))[COST_PANEL] == [
+        "team/reward/tokens", "team/reward/latency", "team/reward/api_cost", "team/reward/wait"]
+    fig = learning_curve_figure(rows)
+    try:
+        lines = {line.get_label(): list(line.get_ydata()) for line in _axis(fig, COST_PANEL).get_lines()}
+        assert lines["latency"] == [0.5, 0.5, 0.5]  # drawn as a positive cost
+        assert lines["tokens"] == pytest.approx([0.02, 0.04, 0.06])
+    finally:
+        plt.close(fig)

@@ -251,3 +251,78 @@ def test_envs_of_a_round_are_stepped_concurrently_and_in_order():
     assert b.metrics["rollout/overlong"] == 6 and not any(t.trainable for t in b.transitions if t.agent == "listener")
     with pytest.raises(ValueError, match="step_workers"):
         RolloutCollector(echo_fn(), ScriptedPolicy(lambda r, p: "red"), num_envs=1, step_workers=0)
+
+
+# --------------------------------------------------------------------------------------
+# per-agent reward metrics and the route_unparsed rate (issue 28 item 23)
+# --------------------------------------------------------------------------------------
+
+MULTIHOP = {
+    "profiles": [{"role": "planner", "prompt": "Plan, then answer.", "with_answer": True},
+                 {"role": "solver", "prompt": "Solve."}],
+    "topology": {"type": "multihop", "orchestrator": "planner", "specialists": ["solver"], "max_hops": 2},
+}
+
+
+def test_agent_reward_is_the_team_reward_for_every_role_however_many_calls():
+    # the planner speaks twice per episode (route, then answer), the solver once: one team reward
+    def say(role, prompt):
+        if role == "planner" and "[solver]" not in prompt:
+            return "ROUTE: solver"
+        return "42"
+
+    env_fn = lambda: marft_envs.make("arith-duo-v0", profiles=MULTIHOP, reward={"format": 1.0})  # noqa: E731
+    batch = RolloutCollector(env_fn, ScriptedPolicy(say), num_envs=4, seed=1).collect()
+    m = batch.metrics
+    assert all([t.agent for t in ep.transitions] == ["planner", "solver", "planner"] for ep in batch.episodes)
+    assert m["team/reward"] >= 1.0  # "42" always parses: format 1, plus outcome when right
+    assert m["agent/planner/reward"] == pytest.approx(m["team/reward"])
+    assert m["agent/solver/reward"] == pytest.approx(m["team/reward"])
+    # the per-call credit, separately named: the planner's first call earns nothing
+    assert m["agent/planner/credit"] == pytest.approx(m["team/reward"] / 2)
+    assert m["agent/solver/credit"] == pytest.approx(m["team/reward"])
+
+
+def test_agent_reward_averages_over_the_episodes_the_agent_acted_in():
+    from marft_algos.records import Episode, Transition
+    from marft_algos.rollout import agent_reward_metrics
+
+    def tr(ep: int, i: int, agent: str, credit: float) -> Transition:
+        t = Transition(episode_id=ep, group_id=ep, index=i, turn=0, agent=agent, prompt_ids=[1], response_ids=[2],
+                       sampler_logprobs=[0.0], temperature=1.0, text="x", finish_reason="eos", reward=0.0, done=False)
+        t.credited_reward = credit
+        return t
+
+    # episode 0: router -> a (reward 1); episode 1: router -> b (reward 0); a never acted in episode 1
+    e0 = Episode(episode_id=0, group_id=0, seed=0, transitions=[tr(0, 0, "router", 1.0), tr(0, 1, "a", 1.0)], team_return=1.0)
+    e1 = Episode(episode_id=1, group_id=1, seed=0, transitions=[tr(1, 0, "router", 0.0), tr(1, 1, "b", 0.0)], team_return=0.0)
+    m = agent_reward_metrics([e0, e1])
+    assert m["agent/router/reward"] == 0.5 and m["agent/a/reward"] == 1.0 and m["agent/b/reward"] == 0.0
+
+
+def test_routed_team_logs_its_route_unparsed_rate():
+    env_fn = lambda: marft_envs.make("arith-routed-v0")  # noqa: E731
+    agents = env_fn().possible_agents
+    specialists = agents[1:]
+
+    def say(role, prompt):
+        return "ROUTE: " + specialists[0] if role == agents[0] else "42"
+
+    batch = RolloutCollector(env_fn, ScriptedPolicy(say), num_envs=4, seed=5).collect()
+    assert batch.metrics["team/route_unparsed"] == 0.0  # logged every step for a routed team, 0 when all parsed
+
+    seen = []
+
+    def say_badly(role, prompt):  # every other orchestrator reply has an unreadable route line
+        if role == agents[0]:
+            seen.append(1)
+            return "ROUTE: nonsense" if len(seen) % 2 else "ROUTE: " + specialists[0]
+        return "42"
+
+    batch = RolloutCollector(env_fn, ScriptedPolicy(say_badly), num_envs=4, seed=5).collect()
+    flagged = sum(any("route_unparsed" in t.flags for t in ep.transitions) for ep in batch.episodes)
+    assert flagged == 2
+    assert batch.metrics["team/route_unparsed"] == pytest.approx(flagged / 4)
+    # a static team logs no routing rate
+    chain = RolloutCollector(echo_fn(), ScriptedPolicy(lambda r, p: "red"), num_envs=2, seed=3).collect()
+    assert "team/route_unparsed" not in chain.metrics

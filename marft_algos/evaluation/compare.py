@@ -8,10 +8,13 @@ model serving every role with no adapters: the checkpoint's own base model(s) un
 ``--model`` is given.
 
 Team rows: accuracy, pass@k, tokens, verifier timeouts, outcome flips, the team reward, each
-reward component (``reward/outcome``, ``reward/format``, ...) and the cost (the sum of the
-cost components, as a positive number).
+reward component (``reward/outcome``, ``reward/format``, ...) and the cost: minus the sum of
+the components that are costs (:mod:`marft_algos.costs`: the built-in ``chars``, ``tokens``,
+``turn``, and any component, a user program's own included, that only ever lowers the
+reward or has ``cost`` in its name), as a positive number.
 
-Agent rows: response length, format errors (no extractable answer), truncations, the
+Agent rows: response length, format errors (no extractable answer; only for the roles whose
+text is graded as the answer, ``with_answer``: a planner that never answers has none), truncations, the
 agent's own text graded as the answer, agreement with its predecessor's answer, and three
 kinds of change:
 
@@ -36,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from marft_algos.costs import cost_components
 from marft_algos.evaluation.errors import LeaderboardError
 from marft_algos.evaluation.majority import norm_answer
 from marft_algos.evaluation.options import (
@@ -61,7 +65,7 @@ from marft_algos.evaluation.samples import (
     to_record,
 )
 
-__all__ = ["COMPARE_COLUMNS", "UNTRAINED", "run_compare", "replay_frozen", "agent_stats"]
+__all__ = ["COMPARE_COLUMNS", "UNTRAINED", "run_compare", "replay_frozen", "agent_stats", "answering_roles"]
 
 COMPARE_COLUMNS = ["agent", "metric", "A", "B", "delta"]
 #: Names of the untrained system in ``--compare``.
@@ -69,11 +73,13 @@ UNTRAINED = ("untrained", "base")
 
 
 def agent_stats(records: Sequence[SampleRecord], env_id: str, split: str, kwargs: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Per agent: mean tokens, format errors (no extractable answer), truncations, its own text
-    graded as the answer, and agreement of its extracted answer with its predecessor's."""
+    """Per agent: mean tokens, format errors (no extractable answer; only for the roles that
+    answer, see :func:`answering_roles`), truncations, its own text graded as the answer, and
+    agreement of its extracted answer with its predecessor's."""
     import marft_envs
 
     env = marft_envs.make(env_id, **{**kwargs, "split": split})
+    answering = answering_roles(env)
     problems: dict[int, Any] = {}
     acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
@@ -86,13 +92,22 @@ def agent_stats(records: Sequence[SampleRecord], env_id: str, split: str, kwargs
             ans = norm_answer(g.extracted) if g.format_ok else None
             s = acc[a["agent"]]
             s["tokens"].append(a["tokens"])
-            s["format_error"].append(0.0 if g.format_ok else 1.0)
+            if answering is None or a["agent"] in answering:
+                s["format_error"].append(0.0 if g.format_ok else 1.0)
             s["truncated"].append(1.0 if a["finish"] == "length" else 0.0)
             s["correct_alone"].append(1.0 if g.correct else 0.0)
             if i > 0 and ans is not None and prev is not None:
                 s["agrees_with_predecessor"].append(1.0 if ans == prev else 0.0)
             prev = ans
     return {a: {m: (sum(v) / len(v) if v else float("nan")) for m, v in d.items()} for a, d in acc.items()}
+
+
+def answering_roles(env: Any) -> set[str] | None:
+    """The roles whose text is graded as the team's answer (``with_answer`` in the team), or
+    None when the env does not say (every role then counts as answering)."""
+    team = getattr(getattr(env, "unwrapped", env), "team", None)
+    roles = getattr(team, "answer_agents", None)
+    return set(roles) if isinstance(roles, (list, tuple, set)) and roles else None
 
 
 def replay_frozen(
@@ -203,6 +218,8 @@ def run_compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     order = list(dict.fromkeys(a["agent"] for r in runs["A"] for a in r.actions))
     for agent in order:
         for m in ("tokens", "format_error", "truncated", "correct_alone", "agrees_with_predecessor"):
+            if m not in pa.get(agent, {}) and m not in pb.get(agent, {}):
+                continue  # not measured for this agent (format_error of a role that never answers)
             a, b = pa.get(agent, {}).get(m, float("nan")), pb.get(agent, {}).get(m, float("nan"))
             rows.append({"agent": agent, "metric": m, "A": a, "B": b, "delta": b - a})
         pairs = [(x, y) for ea, eb in zip(episodes["A"], episodes["B"], strict=True)
@@ -233,10 +250,13 @@ def _team_rows(ra: list[SampleRecord], rb: list[SampleRecord]) -> list[dict[str,
     def mean(recs: list[SampleRecord], f: Any) -> float:
         return sum(f(r) for r in recs) / len(recs) if recs else float("nan")
 
-    def cost(r: SampleRecord) -> float:
-        return -sum(r.components.get(c, 0.0) for c in COST_COMPONENTS) + 0.0
-
     components = list(dict.fromkeys(c for r in [*ra, *rb] for c in r.components))
+    # the same cost components for A and B: found over both systems' episodes
+    costs = cost_components({c: [r.components[c] for r in [*ra, *rb] if c in r.components] for c in components},
+                            marked=COST_COMPONENTS)
+
+    def cost(r: SampleRecord) -> float:
+        return -sum(r.components.get(c, 0.0) for c in costs) + 0.0
     values: list[tuple[str, Any]] = [("reward", lambda r: r.reward)]
     values += [(f"reward/{c}", functools.partial(_component, c)) for c in components]
     values.append(("cost", cost))
@@ -258,7 +278,8 @@ def _write(args: argparse.Namespace, rows: list[dict[str, Any]], runs: dict[str,
         f"team accuracy A {sa['accuracy']:.3f} [{sa['ci_low']:.3f}, {sa['ci_high']:.3f}] -> B {sb['accuracy']:.3f} [{sb['ci_low']:.3f}, {sb['ci_high']:.3f}]\n\n"
         + markdown_table(rows, COMPARE_COLUMNS)
         + "\n\nreward: team return per episode; reward/<name>: that reward component; cost: the cost components "
-        "(chars, tokens, turn) as a positive number. format_error: no answer extractable by the task's grader; "
+        "(chars, tokens, turn, and every component that only lowers the reward or is named *cost*) as a positive "
+        "number. format_error: no answer extractable by the task's grader (only for roles that answer); "
         "truncated: hit max_new_tokens; correct_alone: the agent's own text graded as the answer; "
         "agrees_with_predecessor: same extracted answer as the previous agent's (when both have one); "
         "action_changed: text differs between A and B on the same problem and seed; input_changed: the agent's "
