@@ -81,12 +81,3 @@ def test_third_party_registration_by_class_and_by_string() -> None:
     finally:
         for name in ("my-grpo", "my-grpo-lazy", "bad"):
             ALGORITHMS.pop(name, None)
-
-
-def test_old_import_paths_still_work() -> None:
-    from marft_algos import trainer
-    from marft_algos.registry import get_algorithm as new_get
-    from marft_algos.seeding import rng_state
-
-    assert trainer.get_algorithm is new_get and trainer.rng_state is rng_state
-    from marft_algos.algos.marft_action import MARFTConfig, MARFTTrainerBase  # noqa: F401
