@@ -85,9 +85,24 @@ class Behaviour:
             for t, lp, m in zip(part, stats.logprobs, stats.mask, strict=True):
                 setattr(est[t], field, lp[m.bool()].float().cpu().tolist())
 
-    def kl_sample(self, batch: RolloutBatch, agent: str, n: int) -> list[Transition]:
-        """The first ``n`` trainable actions of ``agent`` with tokens (the KL diagnostics' sample)."""
-        return [t for t in batch.agent_transitions(agent) if t.response_ids][:n]
+    def kl_samples(self, batch: RolloutBatch, agents: Sequence[str], n: int) -> dict[str, tuple[list[Transition], list[list[float]]]]:
+        """Each agent's KL-diagnostic sample: its first ``n`` trainable actions with tokens and
+        old log-probs, with those log-probs (``n = 0``: none)."""
+        out = {}
+        for agent in agents if n else []:
+            trs = [t for t in batch.agent_transitions(agent) if t.response_ids and batch.estimates[t].old_logp is not None][:n]
+            out[agent] = (trs, [batch.estimates[t].old_logp for t in trs])
+        return out
+
+    def kl_diagnostics(self, samples: dict[str, Any], agents: Sequence[str], *, reference: bool) -> dict[str, float]:
+        """``agent/<a>/rollout_ref_kl`` (KL(rollout || reference), before an update) or
+        ``agent/<a>/update_kl`` (KL(rollout || current), after it) on each agent's sample."""
+        name = "rollout_ref_kl" if reference else "update_kl"
+        out = {}
+        for agent in [a for a in agents if a in samples]:  # team order: the ranks' collectives pair up
+            trs, old = samples[agent]
+            out[f"agent/{agent}/{name}"] = self.kl_to(agent, trs, old, reference=reference) if trs else 0.0
+        return out
 
     def kl_to(self, agent: str, trs: list[Transition], old: list[list[float]], *, reference: bool, chunk: int = 16) -> float:
         """Mean over tokens of KL(old || pi) (k3, >= 0) where ``pi`` is ``agent``'s current policy

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from marft_algos.config import TrainConfig
+from marft_algos.config import ConfigError, TrainConfig
 
-__all__ = ["make_policy"]
+__all__ = ["check_frozen_apart", "check_policy", "make_policy", "shard_policy"]
 
 
 def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
@@ -32,3 +32,41 @@ def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
     if config.engine != "hf" or config.engine_options:  # the policy starts on the built-in engine
         policy.engine = get_engine(config.engine)(policy, **config.engine_options)
     return policy
+
+
+def check_policy(config: TrainConfig, policy: Any, agents: Sequence[str], *, reference: bool) -> None:
+    """A KL penalty with full fine-tuning needs the frozen reference copy of the base."""
+    if reference and getattr(policy, "mode", None) == "full":
+        bases = getattr(policy, "_base", None)
+        if bases is not None and any(bases(a).reference is None for a in agents):
+            raise ConfigError(
+                "beta > 0 with mode='full' needs the frozen reference copy of the base (TeamPolicy(full_reference=True), "
+                "the default of make_policy)"
+            )
+
+
+def check_frozen_apart(config: TrainConfig, policy: Any, agents: Sequence[str], trained: Sequence[str]) -> None:
+    """A frozen agent must not share parameters with a trained one: the trained agent's steps would move it."""
+    frozen = [a for a in agents if a in set(config.frozen_agents)]
+    ids = {id(p) for a in trained for p in policy.trainable_parameters(a)} if frozen else set()
+    shared = [a for a in frozen if any(id(p) in ids for p in policy.trainable_parameters(a))]
+    if shared:
+        raise ConfigError(
+            f"frozen_agents {shared} share their parameters with trained agents (mode={config.mode!r} or "
+            "profiles naming one adapter): give each agent its own adapter (mode='lora') to freeze some of them"
+        )
+
+
+def shard_policy(policy: Any, dist: Any, trained: Sequence[Any]) -> Any:
+    """FSDP2 over a policy with one base (``distributed.strategy="fsdp"``): every rank starts from
+    rank 0's ``trained`` weights, broadcast while they are still whole."""
+    from marft_algos.fsdp import PolicySharding
+
+    bases = getattr(policy, "loaded_bases", None)
+    if bases is None or len(bases) != 1:
+        raise ConfigError(
+            "distributed.strategy='fsdp' shards a TeamPolicy with one base model; this policy has "
+            f"{'no loaded bases' if bases is None else f'{len(bases)} bases'}: use distributed.strategy='ddp'"
+        )
+    dist.broadcast_parameters({id(p): p for p in trained}.values())
+    return PolicySharding(policy, dist)

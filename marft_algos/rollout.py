@@ -38,6 +38,7 @@ __all__ = [
     "agent_reward_metrics",
     "component_and_route_metrics",
     "overlong_summary",
+    "warn_overlong",
     "RolloutCollector",
     "make_sampling",
 ]
@@ -762,6 +763,18 @@ def component_and_route_metrics(episodes: Sequence[Episode], routed: bool = Fals
 
 class ContextOverflowError(RuntimeError):
     """An agent's prompt does not fit ``max_context`` and ``strict_context`` is on."""
+
+
+def warn_overlong(counters: dict[str, float], history: Sequence[dict[str, float]], max_context: int) -> None:
+    """End-of-run warning: how many actions of each agent were played empty (prompt over ``max_context``)."""
+    total = int(counters.get("rollout/overlong_total", 0))
+    if total:
+        actions = sum(h.get("rollout/actions", 0.0) for h in history)
+        logging.getLogger("marft").warning(
+            "%d of %d actions overflowed max_context=%d and were played as empty actions (%s): raise max_context "
+            "or shorten the prompts (see rollout/overlong in metrics.jsonl)",
+            total, int(actions), max_context, overlong_summary(counters, "_total"),
+        )
 
 
 def overlong_summary(metrics: dict[str, float], suffix: str = "") -> str:

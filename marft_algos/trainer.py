@@ -42,14 +42,15 @@ from marft_algos.behaviour import Behaviour, temperature_of
 from marft_algos.buffer import AgentBuffer, Minibatch, grouped_minibatch_indices
 from marft_algos.callbacks import Callback, default_callbacks, env_fault
 from marft_algos.checkpoint import check_parts, clean_stale
-from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
+from marft_algos.config import PPOLossConfig, TrainConfig
 from marft_algos.distributed import init_distributed, rank_seed
+from marft_algos.dynamic_sampling import resample_groups
 from marft_algos.fsdp import shard_optimizer_states
 from marft_algos.microbatch import micro_batch_rows
 from marft_algos.optim import OptimizerSet, group_key, lr_factor, metric_prefix
-from marft_algos.policy_factory import make_policy
+from marft_algos.policy_factory import check_frozen_apart, check_policy, make_policy, shard_policy
 from marft_algos.records import RolloutBatch, Transition
-from marft_algos.rollout import RolloutCollector, overlong_summary
+from marft_algos.rollout import RolloutCollector, warn_overlong
 from marft_algos.rundir import RunDirLock
 from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 
@@ -120,10 +121,12 @@ class Trainer:
         self.skip_update: set[str] = set()  # agents a callback leaves out of the update (self-play's opponent)
         # minibatch order has its own generator so that sampling noise elsewhere cannot shift it
         self.np_rng = np.random.default_rng(c.seed + 1)
-        self._check_reference()
+        check_policy(c, self.policy, self.agents, reference=self.needs_reference())
         self.algorithm.setup()
         # FSDP2: shard after every adapter exists (the critic's too), before the optimizers
-        self.sharding: Any = self._build_sharding() if c.distributed.strategy == "fsdp" and self.dist.active else None
+        self.sharding: Any = None
+        if c.distributed.strategy == "fsdp" and self.dist.active:
+            self.sharding = shard_policy(self.policy, self.dist, [p for a in self.trainable_agents() for p in self.policy.trainable_parameters(a)])
         self.optim = self.build_optimizers()
         self.algorithm.check()
         # every rank starts from rank 0's weights (value heads are initialised from each process's RNG)
@@ -150,7 +153,7 @@ class Trainer:
         if getattr(self.policy, "compute_dtype", None) == torch.float16:  # fp16 gradients underflow unscaled
             scaler = torch.amp.GradScaler(self.device.type, init_scale=float(c.init_loss_scale))
         optim = OptimizerSet(max_grad_norm=c.max_grad_norm, dist=self.dist, counters=self.counters, scaler=scaler, sharding=self.sharding)
-        self._check_frozen_apart()
+        check_frozen_apart(c, self.policy, self.agents, self.trainable_agents())
         for agent in self.trainable_agents():
             optim.add(agent, self.policy.trainable_parameters(agent), lr=c.agent_lr(agent) * self.lr_scale, weight_decay=c.weight_decay, eps=c.adam_eps)
         for key, (params, lr) in self.algorithm.param_groups().items():
@@ -175,40 +178,6 @@ class Trainer:
     def optimizer_steps(self) -> dict[str, int]:
         """Optimizer steps taken per group."""
         return self.optim.steps
-
-    def _check_frozen_apart(self) -> None:
-        # a frozen agent must not share parameters with a trained one: the trained agent's steps would move it
-        frozen = [a for a in self.agents if a in set(self.config.frozen_agents)]
-        trained = {id(p) for a in self.trainable_agents() for p in self.policy.trainable_parameters(a)} if frozen else set()
-        shared = [a for a in frozen if any(id(p) in trained for p in self.policy.trainable_parameters(a))]
-        if shared:
-            raise ConfigError(
-                f"frozen_agents {shared} share their parameters with trained agents (mode={self.config.mode!r} or "
-                "profiles naming one adapter): give each agent its own adapter (mode='lora') to freeze some of them"
-            )
-
-    def _check_reference(self) -> None:
-        if self.needs_reference() and getattr(self.policy, "mode", None) == "full":
-            bases = getattr(self.policy, "_base", None)
-            if bases is not None and any(bases(a).reference is None for a in self.agents):
-                raise ConfigError(
-                    "beta > 0 with mode='full' needs the frozen reference copy of the base (TeamPolicy(full_reference=True), "
-                    "the default of make_policy)"
-                )
-
-    def _build_sharding(self) -> Any:
-        from marft_algos.fsdp import PolicySharding
-
-        bases = getattr(self.policy, "loaded_bases", None)
-        if bases is None or len(bases) != 1:
-            raise ConfigError(
-                "distributed.strategy='fsdp' shards a TeamPolicy with one base model; this policy has "
-                f"{'no loaded bases' if bases is None else f'{len(bases)} bases'}: use distributed.strategy='ddp'"
-            )
-        # every rank starts from rank 0's weights: broadcast them while they are still whole
-        trained = {id(p): p for a in self.trainable_agents() for p in self.policy.trainable_parameters(a)}
-        self.dist.broadcast_parameters(trained.values())
-        return PolicySharding(self.policy, self.dist)
 
     def gathered(self, *, reference: bool = False) -> Any:
         """A block in which every rank holds the full policy weights and a forward issues no
@@ -244,30 +213,10 @@ class Trainer:
         with torch.no_grad(), self.gathered():
             batch = self.dist.collect(self.collector, self.groups_this_step())
             if getattr(self.config, "dynamic_sampling", False):
-                batch = self._resample(batch)
+                batch = resample_groups(batch, self.collector, self.dist, self.groups_this_step(), self.algorithm.no_signal, self.config.max_resample_tries)
         for cb in self.callbacks:
             cb.on_batch(self, batch)
         return batch
-
-    def _resample(self, batch: RolloutBatch) -> RolloutBatch:
-        num_groups = self.groups_this_step() // self.dist.world_size  # this rank's share
-        metrics = dict(batch.metrics)  # reward metrics of the first round are unbiased: keep them
-        kept = [g for g in batch.groups().values() if not self.algorithm.no_signal(g)]
-        dropped, tries = num_groups - len(kept), 0
-        # several ranks: rounds in lock-step, each drawing the one global problem list (max need x ranks)
-        while (need := int(self.dist.max([num_groups - len(kept)])[0])) > 0 and tries < self.config.max_resample_tries:
-            tries += 1
-            more = self.dist.collect(self.collector, need * self.dist.world_size)
-            for key in ("rollout/tokens", "rollout/actions", "perf/rollout_s", "perf/generate_s", "rollout/verifier_timeouts", "rollout/overlong"):
-                metrics[key] = metrics.get(key, 0.0) + more.metrics.get(key, 0.0)
-            new_groups = list(more.groups().values())
-            good = [g for g in new_groups if not self.algorithm.no_signal(g)]
-            dropped += len(new_groups) - len(good)
-            kept += good
-        kept = kept[:num_groups]
-        metrics.update({"rollout/dynamic_tries": float(tries), "rollout/groups_dropped": float(dropped), "rollout/groups_kept": float(len(kept))})
-        metrics["perf/rollout_tokens_per_s"] = metrics.get("rollout/tokens", 0.0) / max(metrics.get("perf/rollout_s", 0.0), 1e-9)
-        return RolloutBatch(episodes=[ep for g in kept for ep in g], metrics=metrics)
 
     # ---- phase 2: estimate -----------------------------------------------------------------
     def estimate(self, batch: RolloutBatch) -> None:
@@ -298,7 +247,7 @@ class Trainer:
         if policies:  # old (behaviour) / reference log-probs, before any step of this update
             with self.gathered(reference=self.needs_reference()):
                 self.behaviour.fill(batch, self.agents, reference=self.needs_reference())
-        samples = self._kl_samples(batch, policies)
+        samples = self.behaviour.kl_samples(batch, policies, getattr(c, "kl_sample", 0))
         kl = self._kl_diagnostics(samples, reference=True)
         rng = np.random.default_rng(rank_seed(c.seed + 1, self.global_step, d.rank)) if d.active else self.np_rng
         self.buffers: dict[str, AgentBuffer] = {}
@@ -323,28 +272,12 @@ class Trainer:
         out.update(self._kl_diagnostics(samples, reference=False))
         return out
 
-    def _kl_samples(self, batch: RolloutBatch, policies: Sequence[str]) -> dict[str, tuple[list[Transition], list[list[float]]]]:
-        """Each stepping agent's KL-diagnostic sample (``kl_sample`` actions) with its old log-probs."""
-        n = getattr(self.config, "kl_sample", 0)
-        out = {}
-        for agent in policies if n else []:
-            trs = [t for t in self.behaviour.kl_sample(batch, agent, n) if batch.estimates[t].old_logp is not None]
-            out[agent] = (trs, [batch.estimates[t].old_logp for t in trs])
-        return out
-
-    def _kl_diagnostics(self, samples: dict[str, tuple[list[Transition], list[list[float]]]], *, reference: bool) -> dict[str, float]:
-        """``agent/<a>/rollout_ref_kl`` (KL(rollout || reference), before the update) or
-        ``agent/<a>/update_kl`` (KL(rollout || updated), after it) on each agent's sample,
-        averaged over ranks; no gradient. The reference needs one (full fine-tuning keeps a frozen copy)."""
+    def _kl_diagnostics(self, samples: dict[str, Any], *, reference: bool) -> dict[str, float]:
+        # the full fine-tuning reference copy exists only when a KL penalty asks for it
         if reference and getattr(self.policy, "mode", None) == "full" and not self.needs_reference():
-            return {}  # the frozen reference copy exists only when a KL penalty asks for it
-        name = "rollout_ref_kl" if reference else "update_kl"
-        out: dict[str, float] = {}
+            return {}
         with self.gathered(reference=reference):
-            for agent in [a for a in self.agents if a in samples]:  # team order: the ranks' collectives pair up
-                trs, old = samples[agent]
-                out[f"agent/{agent}/{name}"] = self.behaviour.kl_to(agent, trs, old, reference=reference) if trs else 0.0
-        return self.dist.mean_metrics(out)
+            return self.dist.mean_metrics(self.behaviour.kl_diagnostics(samples, self.agents, reference=reference))
 
     def train_minibatch(self, agent: str, mb: Minibatch, *, policy: bool = True) -> dict[str, float]:
         """One minibatch of ``agent``: each value term (whole minibatch), then with ``policy``
@@ -540,7 +473,7 @@ class Trainer:
                 for cb in self.callbacks:
                     cb.on_run_step(self, m)
             bar.close()
-            self.warn_overlong_summary()
+            warn_overlong(self.counters, self.history, c.max_context)
             for cb in self.callbacks:
                 cb.on_train_end(self)
             if self.logger is not None:
@@ -552,17 +485,6 @@ class Trainer:
                 cb.close(self)
             if lock is not None:
                 lock.release()
-
-    def warn_overlong_summary(self) -> None:
-        """End-of-run warning: how many actions of each agent were played empty (prompt over max_context)."""
-        total = int(self.counters.get("rollout/overlong_total", 0))
-        if total:
-            actions = sum(h.get("rollout/actions", 0.0) for h in self.history)
-            log.warning(
-                "%d of %d actions overflowed max_context=%d and were played as empty actions (%s): raise max_context "
-                "or shorten the prompts (see rollout/overlong in metrics.jsonl)",
-                total, int(actions), self.config.max_context, overlong_summary(self.counters, "_total"),
-            )
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -81,3 +81,15 @@ def test_third_party_registration_by_class_and_by_string() -> None:
     finally:
         for name in ("my-grpo", "my-grpo-lazy", "bad"):
             ALGORITHMS.pop(name, None)
+
+
+def test_no_algorithm_overrides_a_loop_phase() -> None:
+    """The loop owns the phases: a registered algorithm's trainer class only names its parts."""
+    from marft_algos.trainer import Trainer
+
+    loop = {name for name, v in vars(Trainer).items() if callable(v) and not isinstance(v, type) and not name.startswith("__")}
+    for spec in list_algorithms():
+        own = {name for klass in spec.trainer_cls.__mro__ if klass is not Trainer and issubclass(klass, Trainer)
+               for name in vars(klass)}
+        assert not own & loop, f"{spec.name} overrides loop phases {sorted(own & loop)}"
+        assert set(vars(spec.trainer_cls)) - {"__module__", "__doc__", "__qualname__", "__firstlineno__", "__static_attributes__"} <= {"config_cls", "algorithm_cls"}

@@ -308,7 +308,8 @@ def test_shared_parameters_second_agent_sees_the_first_agents_step(mode, source)
     # one adapter (or model) for both agents: the listener's old log-probs are from the
     # rollout, i.e. from before the speaker's step moved the shared parameters; under
     # bf16/fp16 autocast they are recomputed, still before any optimizer step
-    t = MARFTActionTrainer(tiny_config(mode=mode, kl_threshold=1e-6, lr=0.05, logprob_norm="sum"), policy=letter_policy(mode=mode))
+    # (no KL cut here: it would undo the speaker's step; kl_sample=0: no diagnostic passes to count)
+    t = MARFTActionTrainer(tiny_config(mode=mode, kl_sample=0, lr=0.05, logprob_norm="sum"), policy=letter_policy(mode=mode))
     if source == "recomputed":
         t.behaviour.sampler_exact = lambda: False
     passes = []
@@ -321,9 +322,8 @@ def test_shared_parameters_second_agent_sees_the_first_agents_step(mode, source)
     t.policy.sequence_logprobs = counting
     m = t.train_step()
     assert passes.count(False) == (2 if source == "recomputed" else 0)  # old-log-prob passes, one per agent
-    assert m["agent/speaker/kl_cut"] == 0.0 and m["agent/speaker/kl"] < 1e-9
-    assert m["agent/listener/kl"] > 1e-6 and m["agent/listener/kl_cut"] == 1.0
-    assert t.counters["agent/listener/kl_cuts"] == 1
+    assert m["agent/speaker/kl"] < 1e-9
+    assert m["agent/listener/kl"] > 1e-6  # the pre-step KL the cut reads sees the speaker's step
 
 
 def test_agent_by_agent_rejects_agents_that_share_parameters():

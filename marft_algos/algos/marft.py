@@ -50,7 +50,7 @@ class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
     lam_turn: float = field(default=0.95, metadata={"help": "GAE lambda of a hop to the next turn (reference: 0.95)."})
     normalize_advantages: str = field(default="none", metadata={"help": "'none' (raw GAE advantages), 'batch' (whiten over all trainable actions, as the reference) or 'agent' (whiten per agent)."})
     # --- policy loss (the rest: PPOLossConfig) ---------------------------------------
-    kl_threshold: float | None = field(default=None, metadata={"help": "KL hard cut: skip an agent's policy step when approx KL(old || new) exceeds this (the reference hard-coded 1e-3); None disables it."})
+    kl_threshold: float | None = field(default=None, metadata={"help": "KL hard cut: skip an agent's policy step when approx KL(old || new) exceeds this before the step, and undo it when the updated policy exceeds it on the same minibatch after the step (the reference hard-coded 1e-3); None disables it."})
     # --- critic (the rest: CriticConfig) ---------------------------------------------
     critic_per_agent: bool = field(default=False, metadata={"help": "One value head per agent instead of one shared critic."})
     critic_lora: bool = field(default=False, metadata={"help": "Give the critic its own LoRA adapter on the base (trained with the head; disables the hidden-state cache)."})

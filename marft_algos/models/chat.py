@@ -16,32 +16,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from marft_envs.tools.chat import _CLOSE, _OPEN, literal_ids, special_strings_in
+
 __all__ = ["encode_chat", "special_strings_in", "template_uses_tools"]
 
-# Private-use characters: no tokenizer has them as added tokens and no template edits them.
-_OPEN, _CLOSE = "\ue000", "\ue001"
+# one implementation of literal encoding for both packages: the marker characters, the
+# added-token strings and the literal encoder are marft_envs.tools.chat's
 _PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
-
-
-def _added_strings(tokenizer: Any) -> list[str]:
-    """Every string the tokenizer turns into one added token when it meets it in text."""
-    vocab = getattr(tokenizer, "get_added_vocab", None)
-    found = set(vocab()) if callable(vocab) else set()
-    found.update(getattr(tokenizer, "all_special_tokens", []) or [])
-    return sorted((s for s in found if s), key=len, reverse=True)
-
-
-def special_strings_in(tokenizer: Any, text: str) -> list[str]:
-    """The added-token strings (``<|im_start|>``, ...) that occur in ``text``."""
-    return [s for s in _added_strings(tokenizer) if s in text]
-
-
-def _literal_ids(tokenizer: Any, text: str) -> list[int]:
-    """``text`` as plain text: added-token strings are split like any other characters."""
-    if not text:
-        return []
-    out = tokenizer(text, add_special_tokens=False, split_special_tokens=True)
-    return [int(i) for i in out["input_ids"]]
 
 
 def _tool_kwargs(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
@@ -97,5 +78,5 @@ def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *,
             if piece:
                 ids += [int(i) for i in tokenizer(piece, add_special_tokens=False)["input_ids"]]
         else:
-            ids += _literal_ids(tokenizer, contents[int(piece)])
+            ids += literal_ids(tokenizer, contents[int(piece)])
     return ids
