@@ -114,10 +114,14 @@ def _env_step(env: Any, agent: str, text: str) -> _Stepped:
     # a third-party env whose rewards never reach _cumulative_rewards (or are NaN) would
     # train on zeros or poison the update: fail here, naming the env and the agent
     check_step_output(env, agent, previous_cumulative=before)
+    info = dict(env.infos.get(agent, {}) or {})
+    trace = getattr(env, "last_trace", None)  # a program env's answered call: role, episode, latency
+    if isinstance(trace, dict) and trace and "call" in info and trace.get("call") == info["call"]:
+        info["trace"] = dict(trace)  # (kept out of env.infos, which must repeat under a seed)
     return _Stepped(
         turn=turn,
         rewards={a: float(r) for a, r in env.rewards.items()},
-        info=dict(env.infos.get(agent, {}) or {}),
+        info=info,
         done=bool(env.terminations.get(agent, False) or env.truncations.get(agent, False)),
         prompt=prompt,
     )
@@ -133,11 +137,7 @@ def _env_step_call(env: Any, agent: str, text: str, call: Any = None) -> _Steppe
             return None
         if env.terminations.get(agent, False) or env.truncations.get(agent, False):
             return None
-    outcome = _env_step(env, agent, text)
-    trace = getattr(env, "last_trace", None)  # a program env's call: role, episode, latency (transcripts)
-    if call is not None and isinstance(trace, dict) and trace.get("call") == call:
-        outcome.info["trace"] = dict(trace)
-    return outcome
+    return _env_step(env, agent, text)
 
 
 def _prompt_messages(env: Any, agent: str) -> list[dict[str, str]]:

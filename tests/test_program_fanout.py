@@ -75,3 +75,31 @@ def test_pending_calls_and_select_call_keep_aec_semantics() -> None:
     with pytest.raises(KeyError, match="not pending"):
         env.select_call(second)
     check_env(ProgramEnv(fan_out, ROLES, PROBLEMS), n_episodes=2)
+
+
+def test_transcripts_hold_each_calls_role_episode_step_tokens_and_latency(tmp_path) -> None:
+    """What the Transcripts callback writes (MetricsLogger.log_transcripts) for a program env."""
+    import json
+
+    from marft_algos.logging import MetricsLogger
+
+    batch = RolloutCollector(lambda: ProgramEnv(fan_out, ROLES, PROBLEMS), Counting(), num_envs=1, seed=0).collect()
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.log_transcripts(7, batch.episodes)
+    line = json.loads((tmp_path / "transcripts.jsonl").read_text().splitlines()[0])
+    calls = [a["call"] for a in line["episode"]["actions"]]
+    assert [c["role"] for c in calls] == ["solver", "solver", "checker"]
+    assert sorted(c["index"] for c in calls) == [0, 1, 2] and [c["episode_step"] for c in calls] == [0, 1, 2]
+    ep = batch.episodes[0]
+    assert all(c["step"] == 7 and c["episode"] == ep.episode_id for c in calls)
+    assert len({c["program_episode"] for c in calls}) == 1 and len(calls[0]["program_episode"]) == 32
+    for c, t in zip(calls, ep.transitions, strict=True):
+        assert c["prompt_tokens"] == len(t.prompt_ids) > 0 and c["completion_tokens"] == len(t.response_ids) > 0
+        assert isinstance(c["latency_s"], float) and 0 <= c["latency_s"] < 60
+    # a built-in env's actions have no call trace
+    import marft_envs
+
+    other = RolloutCollector(lambda: marft_envs.make("echo-duo-v0"), Counting(), num_envs=1, seed=0).collect()
+    logger.log_transcripts(8, other.episodes)
+    line = json.loads((tmp_path / "transcripts.jsonl").read_text().splitlines()[1])
+    assert all("call" not in a for a in line["episode"]["actions"])
