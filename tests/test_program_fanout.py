@@ -103,3 +103,34 @@ def test_transcripts_hold_each_calls_role_episode_step_tokens_and_latency(tmp_pa
     logger.log_transcripts(8, other.episodes)
     line = json.loads((tmp_path / "transcripts.jsonl").read_text().splitlines()[1])
     assert all("call" not in a for a in line["episode"]["actions"])
+
+
+def test_opentelemetry_spans_carry_genai_attributes_and_the_trajectory_step() -> None:
+    sdk = pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from marft_algos.serve.otel import OTelCallback
+
+    exporter = InMemorySpanExporter()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    batch = RolloutCollector(lambda: ProgramEnv(fan_out, ROLES, PROBLEMS), Counting(), num_envs=1, seed=0).collect()
+    cb = OTelCallback(tracer=provider.get_tracer("test"))
+
+    class _Trainer:
+        global_step = 3
+
+    cb.on_step_end(_Trainer(), {}, batch)
+    spans = exporter.get_finished_spans()
+    calls = [s for s in spans if s.name.startswith("chat ")]
+    (root,) = [s for s in spans if s.name.startswith("episode ")]
+    assert cb.spans == 3 and [s.attributes["agent.trajectory.step"] for s in calls] == [0, 1, 2]
+    ep = batch.episodes[0]
+    for s, t in zip(calls, ep.transitions, strict=True):
+        a = s.attributes
+        assert s.parent.span_id == root.context.span_id
+        assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == t.agent == a["gen_ai.agent.name"]
+        assert a["gen_ai.usage.input_tokens"] == len(t.prompt_ids) and a["gen_ai.usage.output_tokens"] == len(t.response_ids)
+        assert a["gen_ai.conversation.id"] == t.info["trace"]["program_episode"] and a["marft.train_step"] == 3
+        assert s.end_time - s.start_time == int(t.info["trace"]["latency_s"] * 1e9)
