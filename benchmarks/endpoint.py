@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append({"path": "ratio endpoint / built-in", "episodes": k,
                      **{m: b[m] / a[m] for m in ("samples_s", "tokens_s", "episodes_s")}})
         for r in rows[-3:]:  # as each concurrency finishes: a long run killed early keeps its rows
-            fmt = "{:.2f}" if r["path"].startswith("ratio") else "{:.1f}"
+            fmt = "{:.2f}" if r["path"].startswith("ratio") else "{:.3g}"
             print(f"| {r['path']} | {r['episodes']} | "
                   + " | ".join(fmt.format(r[m]) for m in ("samples_s", "tokens_s", "episodes_s")) + " |", flush=True)
     if args.out:
