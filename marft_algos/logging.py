@@ -234,6 +234,8 @@ class MetricsLogger:
         with open(self.transcripts_path, "a", encoding="utf-8") as fh:
             for ep in episodes:
                 data = ep.transcript() if hasattr(ep, "transcript") else ep
+                if isinstance(data, dict):
+                    _add_call_traces(data, ep, step)
                 fh.write(json.dumps({"step": int(step), "episode": data}) + "\n")
 
     def flush(self) -> None:
@@ -245,6 +247,32 @@ class MetricsLogger:
         """Close every writer."""
         for w in self.writers:
             w.close()
+
+
+def _add_call_traces(data: dict[str, Any], ep: Any, step: int) -> None:
+    """A program env's actions get ``"call"``: its role, episode, step, tokens and latency.
+
+    The trace is what the collector kept of the answered call (``info["trace"]``): the
+    call's index and role, the program's episode id (the one in its ``base_url``) and the
+    seconds from the request's arrival to its answer.
+    """
+    transitions = getattr(ep, "transitions", None) or []
+    actions = data.get("actions") or []
+    for action, t in zip(actions, transitions, strict=False):
+        trace = t.info.get("trace") if isinstance(getattr(t, "info", None), dict) else None
+        if not isinstance(trace, dict):
+            continue
+        action["call"] = {
+            "index": trace.get("call"),
+            "role": trace.get("role"),
+            "episode": getattr(ep, "episode_id", None),
+            "program_episode": trace.get("program_episode"),
+            "step": int(step),
+            "episode_step": t.index,
+            "prompt_tokens": len(t.prompt_ids),
+            "completion_tokens": len(t.response_ids),
+            "latency_s": trace.get("latency_s"),
+        }
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -116,13 +116,30 @@ def _env_step(env: Any, agent: str, text: str) -> _Stepped:
     # a third-party env whose rewards never reach _cumulative_rewards (or are NaN) would
     # train on zeros or poison the update: fail here, naming the env and the agent
     check_step_output(env, agent, previous_cumulative=before)
+    info = dict(env.infos.get(agent, {}) or {})
+    trace = getattr(env, "last_trace", None)  # a program env's answered call: role, episode, latency
+    if isinstance(trace, dict) and trace and "call" in info and trace.get("call") == info["call"]:
+        info["trace"] = dict(trace)  # (kept out of env.infos, which must repeat under a seed)
     return _Stepped(
         turn=turn,
         rewards={a: float(r) for a, r in env.rewards.items()},
-        info=dict(env.infos.get(agent, {}) or {}),
+        info=info,
         done=bool(env.terminations.get(agent, False) or env.truncations.get(agent, False)),
         prompt=prompt,
     )
+
+
+def _env_step_call(env: Any, agent: str, text: str, call: Any = None) -> _Stepped | None:
+    """:func:`_env_step`, answering pending call ``call`` of a program env (None: the
+    agent selection); None when that call is no longer pending (the episode ended)."""
+    if call is not None:
+        try:
+            agent = env.select_call(call)
+        except KeyError:
+            return None
+        if env.terminations.get(agent, False) or env.truncations.get(agent, False):
+            return None
+    return _env_step(env, agent, text)
 
 
 def _prompt_messages(env: Any, agent: str) -> list[dict[str, str]]:
@@ -318,8 +335,9 @@ class RolloutCollector:
         open_actions: dict[tuple[int, str], _OpenAction] = {}  # (env slot, agent) -> its open tool action
         while live:
             requests, owners = [], []
-            round_tools: dict[int, list[dict[str, Any]] | None] = {}
-            overlong: list[tuple[int, str, list[int]]] = []
+            round_tools: dict[tuple[int, Any], list[dict[str, Any]] | None] = {}  # (env slot, call) -> schemas
+            rank: dict[tuple[int, Any], int] = {}  # (env slot, call) -> its place in the env's answer order
+            overlong: list[tuple[int, str, list[int], Any]] = []
             still_live = []
             for i in live:
                 env, ep = self.envs[i], episodes[i]
@@ -328,31 +346,59 @@ class RolloutCollector:
                     self._finish(env, ep)
                     continue
                 still_live.append(i)
-                agent = pending
-                role, prompt_ids, round_tools[i], sampling = self._request_parts(env, agent, open_actions.get((i, agent)), counters)
-                if sampling is None:
-                    overlong.append((i, agent, prompt_ids))
-                    continue
                 from marft_algos.models import GenRequest
 
-                requests.append(GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling))
-                owners.append((i, agent, prompt_ids, _temperature(sampling)))
+                # every pending call of the env (a program's fan-out) joins this round's batch;
+                # an env without pending_calls() has one: its agent selection
+                calls = self._round_calls(env, pending)
+                for k, (call, agent) in enumerate(calls):
+                    rank[(i, call)] = k
+                    if k:  # a sibling call: encode its messages (selected back below)
+                        env.select_call(call)
+                    opened = open_actions.get((i, agent)) if k == 0 else None  # a tool action continues in the selected call
+                    role, prompt_ids, tools, sampling = self._request_parts(env, agent, opened, counters)
+                    round_tools[(i, call)] = tools
+                    if sampling is None:
+                        overlong.append((i, agent, prompt_ids, call))
+                        continue
+                    requests.append(GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling))
+                    owners.append((i, agent, prompt_ids, _temperature(sampling), call))
+                if len(calls) > 1:
+                    env.select_call(calls[0][0])
+                    counters["rollout/fanout_calls"] += len(calls) - 1
             live = still_live
             results: list[Any] = []
             if requests:
                 t_gen = time.perf_counter()
                 results = self._generate(requests, counters)
                 counters["perf/generate_s"] += time.perf_counter() - t_gen
-            # every env of this round has exactly one pending action: step them together
-            jobs = [(i, agent, prompt_ids, None, 1.0) for i, agent, prompt_ids in overlong]
-            jobs += [(i, agent, prompt_ids, result, temp) for (i, agent, prompt_ids, temp), result in zip(owners, results, strict=True)]
+            # step the envs together; an env's calls one after another, each answering its own
+            # call, recorded in the order answered
+            jobs = [(i, agent, prompt_ids, None, 1.0, call) for i, agent, prompt_ids, call in overlong]
+            jobs += [(i, agent, prompt_ids, result, temp, call)
+                     for (i, agent, prompt_ids, temp, call), result in zip(owners, results, strict=True)]
             if not jobs:
                 continue
-            stepped = self._step_envs([(self.envs[i], agent, _action_text(result)) for i, agent, _, result, _ in jobs])
-            for (i, agent, prompt_ids, result, temp), outcome in zip(jobs, stepped, strict=True):
-                self._record_step(episodes[i], (i, agent), prompt_ids, result, outcome, counters, temp, open_actions, round_tools.get(i))
+            jobs.sort(key=lambda job: (job[0], rank[(job[0], job[5])]))  # per env: the selected call first
+            stepped = self._step_envs([(self.envs[i], agent, _action_text(result), call) for i, agent, _, result, _, call in jobs])
+            for (i, agent, prompt_ids, result, temp, call), outcome in zip(jobs, stepped, strict=True):
+                if outcome is None:  # the episode ended before this sibling call was answered
+                    counters["rollout/fanout_unanswered"] += 1
+                    continue
+                self._record_step(episodes[i], (i, agent), prompt_ids, result, outcome, counters, temp, open_actions,
+                                  round_tools.get((i, call)))
                 steps[i] += 1
         return episodes
+
+    @staticmethod
+    def _round_calls(env: Any, agent: str) -> list[tuple[Any, str]]:
+        """``(call, agent)`` of every call ``env`` has pending, the selected one first:
+        ``env.pending_calls()`` where the env has it (a program's fan-out), else ``(None, agent)``."""
+        get = getattr(env, "pending_calls", None)
+        calls = list(get()) if callable(get) else []
+        if not calls or calls[0][1] != agent:
+            return [(None, agent)]
+        return [(c, a) for c, a in calls]
 
     def _record_step(
         self, ep: Episode, key: tuple[int, str], prompt_ids: list[int], result: Any, outcome: Any,
@@ -475,15 +521,29 @@ class RolloutCollector:
         msgs = env.messages(agent, inline_tools=False) if takes_inline else env.messages(agent)
         return list(self.policy.encode(role, msgs, tools=tools)), tools
 
-    def _step_envs(self, jobs: list[tuple[Any, str, str]]) -> list[_Stepped]:
-        """``env.step(text)`` for each ``(env, agent, text)``, concurrently when allowed;
-        outcomes in job order (whatever order the threads finish in)."""
-        workers = min(self.step_workers, len(jobs))
+    def _step_envs(self, jobs: list[tuple[Any, str, str, Any]]) -> list[_Stepped | None]:
+        """``env.step(text)`` for each ``(env, agent, text, call)``, distinct envs concurrently
+        when allowed, the jobs of one env in job order; outcomes in job order (whatever order
+        the threads finish in). ``call`` (not None) is selected first; None as the outcome:
+        that call was no longer pending (its episode ended)."""
+        per_env: dict[int, list[int]] = {}
+        for k, job in enumerate(jobs):
+            per_env.setdefault(id(job[0]), []).append(k)
+        out: list[_Stepped | None] = [None] * len(jobs)
+
+        def run(ks: list[int]) -> None:
+            for k in ks:
+                out[k] = _env_step_call(*jobs[k])
+
+        workers = min(self.step_workers, len(per_env))
         if workers <= 1:
-            return [_env_step(*job) for job in jobs]
+            for ks in per_env.values():
+                run(ks)
+            return out
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="marft-env-step") as pool:
-            futures = [pool.submit(_env_step, *job) for job in jobs]
-            return [f.result() for f in futures]  # re-raises an env's exception here
+            for f in [pool.submit(run, ks) for ks in per_env.values()]:
+                f.result()  # re-raises an env's exception here
+        return out
 
     def _generate(self, requests: list[Any], counters: dict[str, float]) -> list[Any]:
         """One ``policy.generate`` call; identical requests (a GRPO group's first actions)

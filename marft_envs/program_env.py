@@ -68,7 +68,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marft_envs.tasks.base import Task
-from marft_envs.workflow import WorkflowCall, WorkflowEnv, _reward_components
+from marft_envs.workflow import WorkflowCall, WorkflowEnv
+from marft_envs.workflow import _reward_components as _components_and_why
+
+
+def _reward_components(value: Any) -> dict[str, float] | None:
+    """``value`` as reward components, or None (the workflow env's reader, without its reason)."""
+    return _components_and_why(value)[0]
+
 
 __all__ = ["ProgramCall", "ProgramEnv", "example_program", "make_program_env"]
 
@@ -79,6 +86,7 @@ class ProgramCall(WorkflowCall):
 
     index: int = 0
     answers_before: int = 0  # replies given in the episode when this call arrived
+    arrived: float = 0.0  # time.monotonic() when the request reached the server (latency in info)
     future: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -103,6 +111,7 @@ class _Episode:
         self.replay_error: str | None = None
         self.task: Future | None = None  # an async program's run on the program loop
         self.posted: dict[str, float] = {}  # reward components posted to .../reward
+        self.last_arrival = 0.0  # time.monotonic() of the latest call (the fan-out window counts from it)
 
 
 class _Hub:
@@ -241,6 +250,10 @@ class ProgramEnv(WorkflowEnv):
         reward_grace_s: after the program returns, how long to wait for reward components
             posted to ``{base_url}/reward`` (0: only those posted before it returned).
         parser: the tool-call parser that turns replies into ``tool_calls``.
+        fanout_window_s: after a call arrives, wait until no other call arrived for this
+            long before selecting it, so that the sibling requests of a fan-out are all
+            :meth:`pending_calls` together (the collector answers them in one engine batch);
+            0 selects at once (a sequential program then loses nothing).
     """
 
     metadata = {"name": "program_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
@@ -256,6 +269,7 @@ class ProgramEnv(WorkflowEnv):
         program_timeout_s: float = 120.0,
         reward_grace_s: float = 0.0,
         parser: str = "hermes",
+        fanout_window_s: float = 0.02,
         max_action_chars: int = 4096,
         max_prompt_chars: int = 262_144,
         render_mode: str | None = None,
@@ -272,10 +286,14 @@ class ProgramEnv(WorkflowEnv):
             raise ValueError(f"reward_grace_s must be >= 0, got {reward_grace_s!r}")
         self.reward_grace_s = float(reward_grace_s)
         self.parser = parser
+        if not fanout_window_s >= 0:
+            raise ValueError(f"fanout_window_s must be >= 0, got {fanout_window_s!r}")
+        self.fanout_window_s = float(fanout_window_s)
         self.metadata = {**type(self).metadata, "name": f"program_{getattr(self.program, '__name__', 'program')}_v0"}
         self.stats.update({"program_timeouts": 0, "unknown_roles": 0})
         self._ep: _Episode | None = None
         self._answered: list[int] = []
+        self.last_trace: dict[str, Any] = {}  # the latest answered call: role, index, episode id, latency
 
     # ------------------------------------------------------------ the server side
     def _on_call(self, ep: _Episode, call: Any) -> Future:
@@ -287,7 +305,7 @@ class ProgramEnv(WorkflowEnv):
         with ep.cond:
             if ep.ended or ep.fatal or ep is not self._ep:  # a call of an earlier episode of this env
                 raise OpenAIError(409, "this episode has ended; its calls are no longer answered", code="episode_ended")
-            if ep.replay is not None:  # a restored copy: answer the recorded calls again
+            if ep.replay:  # a restored copy: answer the recorded calls again (then new calls are new)
                 match = next((c for c in ep.replay if c.role == call.role and c.messages == call.messages), None)
                 if match is None:
                     ep.replay_error = f"call to {call.role!r} was not recorded"
@@ -299,6 +317,7 @@ class ProgramEnv(WorkflowEnv):
                 else:
                     match.future = fut
                     ep.pending.append(match)
+                    ep.last_arrival = time.monotonic()
                 ep.cond.notify_all()
                 return fut
             if len(self.calls) >= self.max_calls:
@@ -307,9 +326,11 @@ class ProgramEnv(WorkflowEnv):
                 ep.cond.notify_all()
                 raise OpenAIError(409, f"the call budget of this episode ({self.max_calls}) is spent", code="episode_ended")
             rec = ProgramCall(call.role, [dict(m) for m in call.messages], [dict(t) for t in call.tools],
-                              index=len(self.calls), answers_before=len(self._answered), future=fut)
+                              index=len(self.calls), answers_before=len(self._answered), future=fut,
+                              arrived=time.monotonic())
             self.calls.append(rec)
             ep.pending.append(rec)
+            ep.last_arrival = rec.arrived
             ep.cond.notify_all()
         return fut
 
@@ -349,7 +370,13 @@ class ProgramEnv(WorkflowEnv):
                 if ep.fatal:
                     return "fatal"
                 if ep.pending:
-                    return "call"
+                    # a fan-out's sibling requests arrive a few ms apart: wait until none came
+                    # for fanout_window_s, so that they are pending together (one engine batch)
+                    quiet = ep.last_arrival + self.fanout_window_s - time.monotonic()
+                    if quiet <= 0 or ep.done:
+                        return "call"
+                    ep.cond.wait(quiet)
+                    continue
                 if ep.done:
                     return "done"
                 left = deadline - time.monotonic()
@@ -450,11 +477,48 @@ class ProgramEnv(WorkflowEnv):
         self._pending = None
         if call.future is not None and not call.future.done():
             call.future.set_result([GenResult([], text, [], "eos")])
+        # what a trace needs of this call (transcripts, OpenTelemetry); not in info, which
+        # must repeat exactly under the same seed (check_env), and latency does not
+        self.last_trace = {"call": call.index, "role": call.role, "program_episode": self._ep.id if self._ep else None,
+                           "latency_s": round(time.monotonic() - call.arrived, 6) if call.arrived else None}
         self._select()
         if agent in self.infos and not (self.terminations[agent] or self.truncations[agent]):
             self.infos[agent] = {"turn": 0, "flags": list(self._step_flags), "call": call.index}
         elif agent in self.infos:
             self.infos[agent]["call"] = call.index
+
+    # ------------------------------------------------------------- fan-out
+    def pending_calls(self) -> list[tuple[int, str]]:
+        """``(call index, role)`` of every call awaiting an answer: the selected one first,
+        then the others in arrival order (a fan-out's branches, answerable in one batch)."""
+        out = [] if self._pending is None else [(self._pending.index, self._pending.role)]
+        ep = self._ep
+        if ep is not None:
+            with ep.cond:
+                out += [(c.index, c.role) for c in ep.pending]
+        return out
+
+    def select_call(self, index: int) -> str:
+        """Make pending call ``index`` the agent selection (the call selected before goes
+        back to the front of the queue); its role. The next ``step`` answers that call.
+
+        Raises ``KeyError`` when call ``index`` is not pending (answered, or the episode ended).
+        """
+        if self._pending is not None and self._pending.index == index:
+            return self._pending.role
+        ep = self._ep
+        if ep is None or not self.agents:
+            raise KeyError(f"call {index} is not pending: the episode has ended")
+        with ep.cond:
+            match = next((c for c in ep.pending if c.index == index), None)
+            if match is None:
+                raise KeyError(f"call {index} is not pending (pending: {[c.index for c in ep.pending]})")
+            ep.pending.remove(match)
+            if self._pending is not None:
+                ep.pending.insert(0, self._pending)
+            self._pending = match
+        self.agent_selection = match.role
+        return match.role
 
     def messages(self, agent: str, inline_tools: bool | None = None) -> list[dict[str, Any]]:
         """The messages of ``agent``'s pending (else latest) call; with tools and unless

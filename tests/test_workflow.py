@@ -270,32 +270,50 @@ def test_any_actions_are_handled(seed, episode):
     assert not env.agents
 
 
-# ---------------------------------------------------------- the LangGraph-style example
-@pytest.fixture
-def langgraph_example(monkeypatch):
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "workflow_langgraph"))
-    import team_graph
-
-    return team_graph
+# ---------------------------------------------------------- a looping program (planner -> solver <-> critic)
+# (it was the LangGraph-style example; the real LangGraph example is examples/program_langgraph,
+# trained through the endpoint in tests/test_program_env_langgraph.py)
+LOOP_ROLES = ["planner", "solver", "critic"]
 
 
-def test_the_langgraph_example_runs_its_graph_as_an_env(langgraph_example):
-    check_env("team_graph:langgraph-team-v0", n_episodes=2)
-    env = marft_envs.make("team_graph:langgraph-team-v0")
+async def critic_loop(team, problem):
+    """planner -> solver -> critic, back to the solver until the critic says APPROVE (at most
+    two revisions); reward: the solver's last answer, graded, minus 0.05 per revision."""
+    plan = await team.call("planner", [{"role": "system", "content": "Write a one-line plan for solving the problem."},
+                                       {"role": "user", "content": problem.question}])
+    critique, revisions = "", -1
+    while True:
+        note = f"\nCritique of your last answer: {critique}" if critique else ""
+        answer = await team.call("solver", [
+            {"role": "system", "content": "Follow the plan. Give the final answer inside \\boxed{}."},
+            {"role": "user", "content": f"{problem.question}\nPlan: {plan}{note}"}])
+        revisions += 1
+        critique = await team.call("critic", [
+            {"role": "system", "content": "Check the answer. Reply APPROVE if it is right, else say what is wrong."},
+            {"role": "user", "content": f"{problem.question}\nAnswer: {answer}"}])
+        if "APPROVE" in critique or revisions >= 2:
+            return {"outcome": float(team.grade(answer).correct), "revisions": -0.05 * revisions}
+
+
+def _critic_loop_env():
+    return make_workflow_env(critic_loop, LOOP_ROLES, "arith", split="train", max_calls=8)
+
+
+def test_a_looping_program_runs_as_an_env():
+    check_env(_critic_loop_env(), n_episodes=2)
+    env = _critic_loop_env()
     env.reset(seed=0)
     answer = env.problem.answer
     for text in ["plan: add", "\\boxed{0}", "wrong sign", f"\\boxed{{{answer}}}", "APPROVE"]:
         env.step(text)
     info = env.infos["critic"]
-    assert info["call_order"] == ["planner", "solver", "critic", "solver", "critic"]  # the graph's loop, recorded
+    assert info["call_order"] == ["planner", "solver", "critic", "solver", "critic"]  # the program's loop, recorded
     assert info["reward_components"] == {"outcome": 1.0, "revisions": -0.05}
     assert "Critique of your last answer: wrong sign" in env.calls[3].messages[-1]["content"]
 
 
-def test_the_langgraph_example_stops_revising_after_two_tries(langgraph_example):
-    env = marft_envs.make("team_graph:langgraph-team-v0")
+def test_a_looping_program_stops_revising_after_two_tries():
+    env = _critic_loop_env()
     env.reset(seed=1)
     order = []
     for agent in env.agent_iter(30):
