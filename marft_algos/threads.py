@@ -1,0 +1,78 @@
+"""CPU threads per training phase: decode prefers one thread, the update two.
+
+On a CPU, ``generate`` (small matmuls, one token at a time) runs fastest on ONE intra-op
+thread and collapses with two as soon as another process competes for the cores; the
+update's large matmuls gain from two (issue 28 item 15, ``benchmarks/threads.py``). The
+trainer wraps its phases in :func:`phase_threads`::
+
+    with phase_threads("collect", config.collect_threads):   # Trainer.collect
+        ...
+    with phase_threads("update", config.update_threads):     # Trainer.update
+        ...
+
+A setting of 0 means the phase's default (:data:`DEFAULT_THREADS`, never more than the
+cores this process may use, nor more than the thread count in force when the user pinned
+it with ``OMP_NUM_THREADS`` / ``torch.set_num_threads``). On CUDA nothing changes (the
+threads only feed kernel launches).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["DEFAULT_THREADS", "available_cores", "phase_threads", "threads_for", "torch_threads"]
+
+#: intra-op threads per phase when the config leaves it at 0
+DEFAULT_THREADS: dict[str, int] = {"collect": 1, "update": 2}
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_for(phase: str, setting: int = 0) -> int:
+    """The thread count for ``phase``: ``setting`` if > 0, else the phase's default, capped
+    by the available cores and by a user's ``OMP_NUM_THREADS``."""
+    if phase not in DEFAULT_THREADS:
+        raise ValueError(f"unknown phase {phase!r}; use one of {sorted(DEFAULT_THREADS)}")
+    if setting < 0:
+        raise ValueError(f"{phase} threads must be >= 0 (0 = the default {DEFAULT_THREADS[phase]}), got {setting}")
+    if setting > 0:
+        return setting
+    n = min(DEFAULT_THREADS[phase], available_cores())
+    pinned = os.environ.get("OMP_NUM_THREADS", "")
+    if pinned.isdigit() and int(pinned) > 0:
+        n = min(n, int(pinned))
+    return max(1, n)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[int]:
+    """Run the block with ``n`` torch intra-op threads; the previous count is restored after."""
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+@contextmanager
+def phase_threads(phase: str, setting: int = 0, device: str | torch.device = "cpu") -> Iterator[int]:
+    """:func:`torch_threads` with :func:`threads_for` ``(phase, setting)`` on a CPU device;
+    on another device the thread count is left alone."""
+    if torch.device(device).type != "cpu":
+        yield torch.get_num_threads()
+        return
+    with torch_threads(threads_for(phase, setting)) as n:
+        yield n
