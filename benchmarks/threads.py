@@ -85,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     child = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--threads", str(n)]
                     out = subprocess.run(child, capture_output=True, text=True, check=True, env=env).stdout
                     rows.setdefault((n, policy), []).append(json.loads(out.strip().splitlines()[-1]))
+                    print(n, policy, rows[(n, policy)][-1], file=sys.stderr, flush=True)  # progress
     finally:
         for s in spinners:
             s.kill()
