@@ -2,8 +2,24 @@
 
 On a CPU, ``generate`` (small matmuls, one token at a time) runs fastest on ONE intra-op
 thread and collapses with two as soon as another process competes for the cores; the
-update's large matmuls gain from two (issue 28 item 15, ``benchmarks/threads.py``). The
-trainer wraps its phases in :func:`phase_threads`::
+update's large matmuls gain from two on an idle machine (issue 28 item 15). Measured with
+``python benchmarks/threads.py`` (SmolLM2-135M, decode 8 rows x 64 + 32 tokens, one update
+over them) on a 2-core machine at load average ~7.5, side by side:
+
+=======  ===============  ============  ==============
+threads  OMP_WAIT_POLICY  decode tok/s  update s
+=======  ===============  ============  ==============
+1        passive          32.4          15.9
+1        active           21.0          13.8
+2        passive           9.7 (0.30x)  19.8 (1.24x)
+2        active            2.3 (0.07x)  65.9 (4.1x)
+=======  ===============  ============  ==============
+
+Decode on two threads collapses under load (3.3x slower; 14x with spinning OpenMP
+threads) while the update loses only 1.24x there and gains ~1.7x when idle (the issue's
+figures), so collect runs on 1 thread and the update on 2; ``OMP_WAIT_POLICY=PASSIVE``
+(set before torch is imported) keeps two threads from spinning against other processes.
+The trainer wraps its phases in :func:`phase_threads`::
 
     with phase_threads("collect", config.collect_threads):   # Trainer.collect
         ...
