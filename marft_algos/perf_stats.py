@@ -4,7 +4,9 @@
 mark (``VmHWM``) is reset at the start of each step (writing ``5`` to
 ``/proc/self/clear_refs``), so the figure is this step's own peak; where that is not
 possible it is the process's peak so far (``resource.getrusage``), which only rises.
-``perf/threads`` is torch's intra-op thread count at the end of the step.
+``perf/threads`` is torch's intra-op thread count at the end of the step, and
+``perf/threads_collect`` / ``perf/threads_update`` the counts those phases ran with under
+:func:`marft_algos.threads.phase_threads`.
 """
 
 from __future__ import annotations
@@ -61,3 +63,7 @@ class PerfStats(Callback):
         """Record the step's peak memory and thread count."""
         metrics["perf/peak_rss_mb"] = round(peak_rss_mb(), 1)
         metrics["perf/threads"] = float(torch.get_num_threads())
+        from marft_algos.threads import LAST_PHASE_THREADS
+
+        for phase, n in LAST_PHASE_THREADS.items():  # once the trainer runs phases under phase_threads
+            metrics[f"perf/threads_{phase}"] = float(n)

@@ -40,10 +40,13 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["DEFAULT_THREADS", "available_cores", "phase_threads", "threads_for", "torch_threads"]
+__all__ = ["DEFAULT_THREADS", "LAST_PHASE_THREADS", "available_cores", "phase_threads", "threads_for", "torch_threads"]
 
 #: intra-op threads per phase when the config leaves it at 0
 DEFAULT_THREADS: dict[str, int] = {"collect": 1, "update": 2}
+
+#: the thread count each phase last ran with (``perf/threads_<phase>``, marft_algos.perf_stats)
+LAST_PHASE_THREADS: dict[str, int] = {}
 
 
 def available_cores() -> int:
@@ -91,4 +94,5 @@ def phase_threads(phase: str, setting: int = 0, device: str | torch.device = "cp
         yield torch.get_num_threads()
         return
     with torch_threads(threads_for(phase, setting)) as n:
+        LAST_PHASE_THREADS[phase] = n
         yield n

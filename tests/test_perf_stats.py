@@ -58,9 +58,13 @@ def test_phase_threads_switch_and_restore(monkeypatch):
 
 
 def test_perf_threads_reports_the_count_in_force():
-    from marft_algos.threads import torch_threads
+    from marft_algos.threads import phase_threads, torch_threads
 
     metrics: dict[str, float] = {}
     with torch_threads(1):
         PerfStats().on_step_end(None, metrics, None)
     assert metrics["perf/threads"] == 1.0
+    with phase_threads("update", 2):
+        pass
+    PerfStats().on_step_end(None, metrics, None)
+    assert metrics["perf/threads_update"] == 2.0
