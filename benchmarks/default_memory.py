@@ -88,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append({"algo": algo, "peak_rss_mb": "failed", "step_s": done.stderr.strip().splitlines()[-1][:80] if done.stderr.strip() else done.returncode})
             continue
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(rows[-1], file=sys.stderr, flush=True)  # progress: a cut-off run keeps what it measured
     print(f"{args.env} on {args.model}, one step, overrides {_overrides(args.set)}\n")
     print(markdown_table(rows, ["algo", "peak_rss_mb", "step_s", "threads", "micro_batch_tokens"]))
     return 0
