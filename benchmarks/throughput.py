@@ -203,10 +203,13 @@ def run_grpo_vs_trl(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
     probe: dict[str, float] = {"gen_s": 0.0, "tokens": 0.0, "gen_calls": 0, "score_calls": 0}
     gen, score = trl._generate, trl._generate_and_score_completions
 
+    from marft_algos.threads import phase_threads, threads_for, torch_threads
+
     def timed_generate(*a: Any, **k: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return gen(*a, **k)
+            with phase_threads("collect", args.collect_threads):  # the peer gets marft's per-phase threads
+                return gen(*a, **k)
         finally:
             probe["gen_s"] += time.perf_counter() - t0
             probe["gen_calls"] += 1
@@ -226,6 +229,7 @@ def run_grpo_vs_trl(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
 
         def __init__(self) -> None:
             self.rep = 0
+            self.threads: Any = None
             self.mem: PeakMemory | None = None
             self.t0 = 0.0
 
@@ -233,11 +237,14 @@ def run_grpo_vs_trl(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
             """Reset the TRL probes; start the step's clock and memory sampling."""
             probe.update(gen_s=0.0, tokens=0.0, gen_calls=0, score_calls=0)
             self.mem = PeakMemory().__enter__()
+            self.threads = torch_threads(threads_for("update", args.update_threads))
+            self.threads.__enter__()  # the whole TRL step but its generation (set there)
             self.t0 = time.perf_counter()
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             """Record the TRL step, then run one marft solo and one marft duo step."""
             step_s = time.perf_counter() - self.t0
+            self.threads.__exit__(None, None, None)
             assert self.mem is not None
             self.mem.__exit__(None, None, None)
             if not probe["gen_calls"] or not probe["score_calls"]:
@@ -625,6 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-batches", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--decode-reps", type=int, default=2)
+    p.add_argument("--collect-threads", type=int, default=0, help="torch threads of TRL's generation (0 = marft_algos.threads' default, 1)")
+    p.add_argument("--update-threads", type=int, default=0, help="torch threads of the rest of TRL's step (0 = marft_algos.threads' default, 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/throughput")
     p.add_argument("--memory-probe", type=int, default=None, help=argparse.SUPPRESS)

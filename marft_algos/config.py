@@ -48,6 +48,7 @@ from marft_algos.registry import algorithm_name
 __all__ = [
     "ADVANTAGE_NORMALIZATION",
     "ConfigError",
+    "DEFAULT_MICRO_BATCH_TOKENS",
     "CriticConfig",
     "DistributedConfig",
     "PPOLossConfig",
@@ -139,6 +140,10 @@ def _put(data: dict[str, Any], path: str, value: Any) -> None:
     node[sub] = value
     data[head] = node
 
+
+#: padded tokens of one training forward when micro_batch_tokens is left at -1: SmolLM2-135M's
+#: activations and [tokens, vocab] logits of one piece stay near 1.5 GB (issue 28 item 24)
+DEFAULT_MICRO_BATCH_TOKENS = 1024
 
 _DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
 
@@ -251,7 +256,7 @@ class TrainConfig:
     init_loss_scale: float = field(default=2.0**16, metadata={"help": "fp16 only: initial dynamic loss scale (halved on an overflow, doubled after 2000 clean steps)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
     num_minibatches: int = field(default=1, metadata={"help": "Minibatches per agent per epoch."})
-    micro_batch_tokens: int = field(default=0, metadata={"help": "Cap on the padded tokens (rows x longest prompt+response) of one training forward: a minibatch above it runs in pieces whose gradients add up before its one optimizer step (gradient accumulation; memory stops growing with the minibatch). 0 = no cap."})
+    micro_batch_tokens: int = field(default=-1, metadata={"help": f"Cap on the padded tokens (rows x longest prompt+response) of one training forward: a minibatch above it runs in pieces whose gradients add up before its one optimizer step (gradient accumulation; memory stops growing with the minibatch). 0 = no cap; -1 (the default) = {DEFAULT_MICRO_BATCH_TOKENS}, or 0 under distributed.strategy='fsdp' (which runs no micro-batches)."})
     # --- logging / checkpoints ---------------------------------------------------
     out_dir: str | None = field(default=None, metadata={"help": "Run directory (metrics, transcripts, checkpoints, plot)."})
     log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
@@ -312,6 +317,8 @@ class TrainConfig:
             _check(lr > 0 and math.isfinite(lr), f"lr_per_agent[{agent!r}] must be positive, got {lr}"
                    + ("; to keep an agent fixed, list it in frozen_agents" if lr == 0 else ""))
         _check(self.lr_scheduler in ("constant", "linear"), f"lr_scheduler must be 'constant' or 'linear', got {self.lr_scheduler!r}")
+        if self.micro_batch_tokens == -1:  # the default bounds a step's memory (issue 28 item 24)
+            self.micro_batch_tokens = 0 if self.distributed.strategy == "fsdp" else DEFAULT_MICRO_BATCH_TOKENS
         check_at_least(self, {
             "warmup_steps": 0, "ppo_epochs": 1, "num_minibatches": 1, "max_context": (8, " tokens"), "lora_r": 1,
             "micro_batch_tokens": (0, " (0 = no cap)"),

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from marft_algos.engines.base import GenerationEngine, OnDone, check_stream_request
+from marft_algos.models.compat import cache_kwarg
 from marft_algos.models.policy import train_mode
 from marft_algos.models.prefix import left_pad, plan_prefixes, two_stage_forward
 from marft_algos.models.sampling import GenRequest, GenResult, sample_next
@@ -511,9 +512,8 @@ class HFEngine(GenerationEngine):
         keep: int,
     ) -> Any:
         """One forward with per-row adapters (peft mixed batch only when rows differ)."""
-        kwargs: dict[str, Any] = dict(
-            input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=keep
-        )
+        kwargs: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=keep)
+        kwargs[cache_kwarg(b.model)] = cache  # `past_key_values` warns on transformers 5.x
         if self.policy.mode == "full":
             return b.model(**kwargs)
         distinct = set(adapters)

@@ -47,6 +47,7 @@ from marft_algos.models.chunked_head import (
     supports_chunked_head,
     token_stats,
 )
+from marft_algos.models.compat import cache_kwarg, quiet_peft_checkpointing_probe
 from marft_algos.models.layout import Layout, build_layout
 from marft_algos.models.loading import load_base, parse_dtype
 from marft_algos.models.prefix import plan_prefixes, two_stage_forward
@@ -350,7 +351,8 @@ class TeamPolicy:
         cfg = self.lora.to_peft()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            peft_model = get_peft_model(b.model, copy.deepcopy(cfg), adapter_name=names[0])
+            with quiet_peft_checkpointing_probe():
+                peft_model = get_peft_model(b.model, copy.deepcopy(cfg), adapter_name=names[0])
             for name in names[1:]:
                 peft_model.add_adapter(name, copy.deepcopy(cfg))
         peft_model.eval()
@@ -736,7 +738,8 @@ class TeamPolicy:
                 cache = DynamicCache()
 
                 def run(*, ids: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, adapters: Any, keep: int) -> Any:
-                    return model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+                    kv = {cache_kwarg(model): cache}
+                    return model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=keep, **kv)
 
                 pad = b.tokenizer.pad_token_id if b.tokenizer.pad_token_id is not None else 0
                 # response tokens follow the left-padded suffixes; the last input column is
