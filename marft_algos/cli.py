@@ -26,6 +26,10 @@ import sys
 import time
 import typing
 from pathlib import Path
+
+# spinning OpenMP threads make decode on a busy CPU collapse (benchmarks/threads.py): wait
+# passively unless the user chose otherwise (set before torch is imported)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from typing import Any
 
 __all__ = ["main", "build_parser", "build_config"]

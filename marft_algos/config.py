@@ -256,6 +256,8 @@ class TrainConfig:
     init_loss_scale: float = field(default=2.0**16, metadata={"help": "fp16 only: initial dynamic loss scale (halved on an overflow, doubled after 2000 clean steps)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
     num_minibatches: int = field(default=1, metadata={"help": "Minibatches per agent per epoch."})
+    collect_threads: int = field(default=0, metadata={"help": "CPU: torch threads while collecting rollouts; 0 = 1 (decode on two threads collapses on a busy machine: benchmarks/threads.py), capped by OMP_NUM_THREADS."})
+    update_threads: int = field(default=0, metadata={"help": "CPU: torch threads for the estimate and update phases; 0 = 2, capped by the cores and OMP_NUM_THREADS."})
     micro_batch_tokens: int = field(default=-1, metadata={"help": f"Cap on the padded tokens (rows x longest prompt+response) of one training forward: a minibatch above it runs in pieces whose gradients add up before its one optimizer step (gradient accumulation; memory stops growing with the minibatch). 0 = no cap; -1 (the default) = {DEFAULT_MICRO_BATCH_TOKENS}, or 0 under distributed.strategy='fsdp' (which runs no micro-batches)."})
     # --- logging / checkpoints ---------------------------------------------------
     out_dir: str | None = field(default=None, metadata={"help": "Run directory (metrics, transcripts, checkpoints, plot)."})
@@ -321,7 +323,7 @@ class TrainConfig:
             self.micro_batch_tokens = 0 if self.distributed.strategy == "fsdp" else DEFAULT_MICRO_BATCH_TOKENS
         check_at_least(self, {
             "warmup_steps": 0, "ppo_epochs": 1, "num_minibatches": 1, "max_context": (8, " tokens"), "lora_r": 1,
-            "micro_batch_tokens": (0, " (0 = no cap)"),
+            "micro_batch_tokens": (0, " (0 = no cap)"), "collect_threads": (0, " (0 = the phase's default)"), "update_threads": (0, " (0 = the phase's default)"),
         })
         _check(self.lora_alpha > 0, f"lora_alpha must be > 0 (the adapter's scale is alpha / r), got {self.lora_alpha}")
         check_at_least(self, {

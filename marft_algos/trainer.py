@@ -12,11 +12,8 @@ the parts: its estimator and its loss terms (``policy``, ``critic``, ``value``),
 stepping its own optimizer group of an :class:`marft_algos.optim.OptimizerSet`.
 Everything a run does around the steps (transcripts, checkpoints, the learning-curve
 plot, collapse recovery, self-play, fault injection) is a callback
-(:mod:`marft_algos.callbacks`). An algorithm's trainer class only names its parts::
-
-    class GRPOTrainer(Trainer):
-        config_cls = GRPOConfig
-        algorithm_cls = GRPO
+(:mod:`marft_algos.callbacks`). An algorithm's trainer class only names its parts
+(``config_cls = GRPOConfig``, ``algorithm_cls = GRPO``).
 
 Register an algorithm with :func:`marft_algos.registry.register_algorithm`; the CLI finds it by name.
 """
@@ -48,11 +45,13 @@ from marft_algos.dynamic_sampling import resample_groups
 from marft_algos.fsdp import shard_optimizer_states
 from marft_algos.microbatch import micro_batch_rows
 from marft_algos.optim import OptimizerSet, group_key, lr_factor, metric_prefix
+from marft_algos.perf_stats import PerfStats
 from marft_algos.policy_factory import check_frozen_apart, check_policy, make_policy, shard_policy
 from marft_algos.records import RolloutBatch, Transition
 from marft_algos.rollout import RolloutCollector, warn_overlong
 from marft_algos.rundir import RunDirLock
 from marft_algos.seeding import rng_state, seed_everything, set_rng_state
+from marft_algos.threads import phase_threads
 
 __all__ = ["Trainer"]
 
@@ -137,7 +136,7 @@ class Trainer:
             logger = MetricsLogger(c.out_dir, tensorboard=c.tensorboard)
         self.logger = logger
         self.fault = env_fault()  # the crash tests' pause points (None outside them)
-        self.callbacks: list[Callback] = default_callbacks(self.fault) + self.algorithm.callbacks() + list(callbacks)
+        self.callbacks: list[Callback] = default_callbacks(self.fault) + [PerfStats()] + self.algorithm.callbacks() + list(callbacks)
 
     # ---- construction ------------------------------------------------------------------
     def trainable_agents(self) -> list[str]:
@@ -210,7 +209,7 @@ class Trainer:
             cb.on_collect_start(self)
         # each rank plays its slice of the one global problem list; FSDP: each rank decodes on
         # full local weights, no per-step collective
-        with torch.no_grad(), self.gathered():
+        with torch.no_grad(), self.gathered(), phase_threads("collect", self.config.collect_threads, self.device):
             batch = self.dist.collect(self.collector, self.groups_this_step())
             if getattr(self.config, "dynamic_sampling", False):
                 batch = resample_groups(batch, self.collector, self.dist, self.groups_this_step(), self.algorithm.no_signal, self.config.max_resample_tries)
@@ -273,8 +272,7 @@ class Trainer:
         return out
 
     def _kl_diagnostics(self, samples: dict[str, Any], *, reference: bool) -> dict[str, float]:
-        # the full fine-tuning reference copy exists only when a KL penalty asks for it
-        if reference and getattr(self.policy, "mode", None) == "full" and not self.needs_reference():
+        if reference and getattr(self.policy, "mode", None) == "full" and not self.needs_reference():  # no frozen copy
             return {}
         with self.gathered(reference=reference):
             return self.dist.mean_metrics(self.behaviour.kl_diagnostics(samples, self.agents, reference=reference))
@@ -405,11 +403,12 @@ class Trainer:
             batch = self.collect()
             batch.metrics = self.dist.mean_metrics(batch.metrics, len(batch.episodes))
             t1 = time.perf_counter()
-            self.estimate(batch)
             engine = getattr(self.policy, "engine", None)
-            if engine is not None:
-                engine.sleep()  # vLLM on CUDA: free its KV cache and weights for the update
-            metrics = self.dist.mean_metrics(self.update(batch))
+            with phase_threads("update", self.config.update_threads, self.device):
+                self.estimate(batch)
+                if engine is not None:
+                    engine.sleep()  # vLLM on CUDA: free its KV cache and weights for the update
+                metrics = self.dist.mean_metrics(self.update(batch))
             if engine is not None:
                 engine.wake_up()
                 metrics.update(engine.metrics())  # e.g. the vllm engine's log-prob gap per role

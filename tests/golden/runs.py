@@ -47,7 +47,9 @@ def run_case(name: str) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]
     algo, settings = CASES[name]
     spec = get_algorithm(algo)
     # micro_batch_tokens=0: the default before issue 28 item 24 capped it (the recorded numbers ran unsplit)
-    kw: dict[str, Any] = dict(model="tiny-random", num_envs=4, distributed={"timeout_s": 120}, steps=2, seed=3, lr=0.01, progress=False, micro_batch_tokens=0,
+    # recorded with torch's default threads in every phase: two on a 2-core machine, one per rank under torchrun
+    threads = 0 if os.environ.get("WORLD_SIZE") else 2
+    kw: dict[str, Any] = dict(model="tiny-random", num_envs=4, distributed={"timeout_s": 120}, collect_threads=threads, update_threads=threads, steps=2, seed=3, lr=0.01, progress=False, micro_batch_tokens=0,
                               tensorboard=False, plot=False)
     if "marft" in algo:
         kw.update(critic_lr=0.01, recovery=False)
