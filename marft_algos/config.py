@@ -554,6 +554,12 @@ def parse_value(text: str, annotation: Any) -> Any:
             raise ConfigError(f"expected {annotation.__name__}, got {text!r}") from None
     if annotation is str:
         return text
+    if origin in (list, tuple) and not text.lstrip().startswith("["):
+        # a comma list (``frozen_agents=editor`` or ``=a,b``), as the docs write it; items
+        # parsed by the element type
+        elem = args[0] if args and args[0] is not Ellipsis else str
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        return [parse_value(t, elem) if elem in (bool, int, float, str) else _loose_value(t) for t in items]
     # dicts / lists: JSON
     try:
         value = json.loads(text)

@@ -157,3 +157,18 @@ def test_quickstart_trains_arith_at_its_easy_level_unless_told(tmp_path):
     assert main([*common, "--out", str(tmp_path / "b"), "--env-kwargs", "{}"]) == 0
     assert json.loads((tmp_path / "b" / "results.json").read_text())["config"]["env_kwargs"] == {}
     assert main([*common, "--out", str(tmp_path / "c"), "--env-kwargs", "{digits: 1}"]) == 2  # bad JSON: one-line error
+
+
+def test_set_takes_a_comma_list_for_list_settings_as_the_tutorial_writes_it():
+    """issue 28 item 21: ``--set frozen_agents=editor`` (docs/tutorial/third-party-env.md) was refused."""
+    import re
+    from pathlib import Path
+
+    from marft_algos.cli import build_config, build_parser
+
+    doc = (Path(__file__).parents[1] / "docs" / "tutorial" / "third-party-env.md").read_text()
+    documented = re.search(r"`--set (frozen_agents=[^`]+)`", doc).group(1)
+    for setting, want in [(documented, ["editor"]), ("frozen_agents=speaker, listener", ["speaker", "listener"]),
+                          ('frozen_agents=["speaker"]', ["speaker"])]:
+        args, extra = build_parser().parse_known_args(["train", "--env", "echo-duo-v0", "--algo", "grpo", "--set", setting])
+        assert build_config(args, extra).frozen_agents == want
