@@ -483,8 +483,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                                        EngineNotFound]
     try:
         from marft_algos.models.aliases import UnknownModelError
+        from marft_algos.models.policy import AdapterNameError
 
-        errs.append(UnknownModelError)
+        errs += [UnknownModelError, AdapterNameError]
     except ImportError:
         pass
     try:
