@@ -518,7 +518,23 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return _run_command(parser, args, extra)
+    except SystemExit as e:
+        from marft_algos.distributed import abort_rank, env_world_size
+
+        if env_world_size() > 1:  # under torchrun: name the rank that left, end the job now
+            abort_rank(e)
+        raise
+
+
+def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
+    """Run the parsed command; user errors become one line on stderr and exit status 2."""
+    from marft_algos.distributed import env_rank, env_world_size
+
     user_errors = _user_errors()
+    # under torchrun every rank prints its own errors: say which rank
+    who = f"marft {args.command} (rank {env_rank()})" if env_world_size() > 1 else f"marft {args.command}"
     try:
         if args.command == "train":
             return cmd_train(args, extra)
@@ -540,14 +556,14 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve(args)
     except user_errors as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-        print(f"marft {args.command}: error: {msg}", file=sys.stderr)
+        print(f"{who}: error: {msg}", file=sys.stderr)
         return 2
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise
         # a full or read-only disk, or no permission: say where, not a traceback
         where = e.filename if e.filename is not None else "(unknown path)"
-        print(f"marft {args.command}: error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
+        print(f"{who}: error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
