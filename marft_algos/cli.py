@@ -225,6 +225,21 @@ def _check_device(device: str) -> None:
         _die(f"device {device!r}: MPS is not available on this machine (use --set device=cpu or auto)")
 
 
+def _check_rank_split(config: Any, world_size: int) -> None:
+    """Under torchrun each rank plays whole groups of episodes: refuse a batch that does not
+    split evenly before any model loads (it used to fail at the first step, after start-up)."""
+    if world_size <= 1:
+        return
+    unit = max(1, int(getattr(config, "group_size", 1) or 1))
+    groups = config.num_envs // unit
+    if groups % world_size:
+        per = unit * world_size
+        sizes = f"num_envs={config.num_envs}" + (f" with group_size={unit}" if unit > 1 else "")
+        _die(f"{sizes} gives {groups} group(s) of episodes per step, which do not split evenly over {world_size} ranks: "
+             f"set num_envs to a multiple of {per} (e.g. --set num_envs={max(per, (config.num_envs // per) * per)}) "
+             f"or launch a number of ranks that divides {groups}")
+
+
 def _write_config(config: Any, path: Path) -> None:
     """config.json (with its ``algo``), replaced atomically."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -248,8 +263,14 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         find_checkpoint,
         read_checkpoint_config,
     )
-    from marft_algos.distributed import env_rank
-    from marft_algos.rundir import RunDirLock, check_new_run_dir, resume_changes
+    from marft_algos.distributed import env_rank, env_world_size
+    from marft_algos.rundir import (
+        RunDirLock,
+        check_new_run_dir,
+        has_checkpoint,
+        remove_unsaved_run,
+        resume_changes,
+    )
 
     if args.help:
         print(build_parser().train_parser.format_help())  # type: ignore[attr-defined]
@@ -263,6 +284,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     _check_device(config.device)
     if args.resume and not config.out_dir:
         _die("--resume needs --out (the run directory to continue)")
+    _check_rank_split(config, env_world_size())  # under torchrun: before any model loads or dir is made
     out = Path(config.out_dir) if config.out_dir else None
     # under torchrun / accelerate every rank runs this command: rank 0 alone checks, locks and
     # writes the run dir (the other ranks would find it "in use" or "not empty")
@@ -272,6 +294,11 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             _die(f"--out {out} is a file, not a directory; choose another --out")
         if args.resume and not out.is_dir():
             _die(f"cannot resume: run directory {out} does not exist")
+        if args.resume and not has_checkpoint(out):
+            _die(f"cannot resume: run directory {out} holds no checkpoint (the run stopped before its first save; "
+                 "checkpoints are written every checkpoint_every steps and at the end): there is nothing to continue. "
+                 "Run the same command without --resume to start it again from step 0 in that directory "
+                 "(its earlier logs are replaced), or choose another --out")
         if not args.resume and main_rank:
             check_new_run_dir(out)
     created = out is not None and not out.exists() and main_rank
@@ -279,6 +306,9 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         if lock is not None:
             lock.acquire()
+            if not args.resume and (removed := remove_unsaved_run(out)):  # type: ignore[arg-type]
+                print(f"run directory {out} held a run that stopped before its first checkpoint: "
+                      f"starting again from step 0 (replaced {', '.join(removed)})")
         ckpt = None
         if args.resume:
             assert out is not None

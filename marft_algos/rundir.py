@@ -40,6 +40,10 @@ __all__ = [
     "RunDirLock",
     "ResumeChanges",
     "check_new_run_dir",
+    "has_checkpoint",
+    "unsaved_run_outputs",
+    "remove_unsaved_run",
+    "RUN_OUTPUTS",
     "resume_changes",
     "apply_optimizer_settings",
 ]
@@ -149,18 +153,66 @@ def _read_pid(fd: int) -> str:
         return ""
 
 
+#: what a training run writes into its directory (a dir holding only these, and no
+#: checkpoint, is a run that stopped before its first save: it can start again in place)
+RUN_OUTPUTS = frozenset({
+    "config.json", "metrics.jsonl", "transcripts.jsonl", "learning_curve.png", "tb", "checkpoints",
+    "recovery", "recovery.jsonl", "results.json", "results.txt",
+})
+
+
+def has_checkpoint(out_dir: str | Path) -> bool:
+    """Whether ``<out_dir>/checkpoints`` holds any ``step-N`` checkpoint (verified or not)."""
+    root = Path(out_dir) / "checkpoints"
+    return root.is_dir() and any(p.name.startswith("step-") for p in root.iterdir())
+
+
+def unsaved_run_outputs(out_dir: str | Path) -> list[Path]:
+    """The outputs of a run that stopped before its first checkpoint (Ctrl-C, a crash), or ``[]``.
+
+    Non-empty only when the dir holds a run's ``config.json``, no checkpoint, and nothing
+    but what a run writes (:data:`RUN_OUTPUTS`): nothing there can be resumed, and a new
+    run may replace it (:func:`remove_unsaved_run`).
+    """
+    p = Path(out_dir)
+    if not p.is_dir() or not (p / "config.json").is_file() or has_checkpoint(p):
+        return []
+    entries = [e for e in p.iterdir() if e.name != LOCK_NAME]
+    if any(e.name not in RUN_OUTPUTS for e in entries):
+        return []
+    return sorted(entries)
+
+
+def remove_unsaved_run(out_dir: str | Path) -> list[str]:
+    """Remove the outputs of a run that never saved a checkpoint; returns their names."""
+    import shutil
+
+    removed = []
+    for e in unsaved_run_outputs(out_dir):
+        if e.is_dir() and not e.is_symlink():
+            shutil.rmtree(e)
+        else:
+            e.unlink()
+        removed.append(e.name)
+    return removed
+
+
 def check_new_run_dir(out_dir: str | Path) -> None:
-    """A new run (no ``--resume``) needs a missing or empty directory."""
+    """A new run (no ``--resume``) needs a missing or empty directory, or one that holds only
+    a run that stopped before its first checkpoint (see :func:`unsaved_run_outputs`)."""
     p = Path(out_dir)
     if p.exists() and not p.is_dir():
         raise RunDirError(f"--out {p} is a file, not a directory; choose another --out")
     if p.is_dir():
         entries = sorted(e.name for e in p.iterdir() if e.name != LOCK_NAME)
-        if entries:
+        if entries and not unsaved_run_outputs(p):
             shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-            raise RunDirError(
-                f"run directory {p} is not empty ({shown}); continue that run with --resume, or choose another --out"
-            )
+            if has_checkpoint(p):
+                what = "continue that run with --resume, or choose another --out"
+            else:
+                what = (f"it holds no checkpoint, but also files that a run does not write; move them out "
+                        f"(or delete {p}) to start a run there, or choose another --out")
+            raise RunDirError(f"run directory {p} is not empty ({shown}); {what}")
 
 
 # --------------------------------------------------------------------------------------
