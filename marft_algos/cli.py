@@ -243,7 +243,9 @@ def _check_rank_split(config: Any, world_size: int) -> None:
 def _write_config(config: Any, path: Path) -> None:
     """config.json (with its ``algo``), replaced atomically."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True))
+    from marft_algos.checkpoint import run_config
+
+    tmp.write_text(json.dumps(run_config(config), indent=2, sort_keys=True))
     os.replace(tmp, path)
 
 
@@ -316,6 +318,11 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             try:
                 ckpt = find_checkpoint(out)
                 resume_changes(read_checkpoint_config(ckpt), config, where=ckpt)  # refuse before loading any model
+                at = int(ckpt.name.split("-")[-1]) if ckpt.name.startswith("step-") else 0
+                if config.steps < at:
+                    _die(f"cannot resume to --steps {config.steps}: the run in {out} is already at step {at} "
+                         f"({ckpt.name}); pass --steps above {at} to train further, or evaluate it with "
+                         f"marft eval --checkpoint {out}")
             except CheckpointError as e:
                 _die(f"cannot resume: {e}")
         trainer = spec.trainer_cls(config)
