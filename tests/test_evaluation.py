@@ -321,3 +321,45 @@ def test_records_keep_the_score_and_the_tool_use_of_every_step() -> None:
     assert (row["episodes"], row["actions"], row["steps"], row["tool_calls"], row["tool_errors"]) == (2, 1.0, 2.0, 2.0, 1.0)
     assert row["tool_error_rate"] == 0.5 and row["errors_by_kind"] == {"unknown_tool": 2}
     assert row["tokens"] == sum(a["tokens"] for a in first.actions + second.actions) / 2
+
+
+# --------------------------------------------------------------------------------------
+# eval and leaderboard agree (issue 28 item 20)
+# --------------------------------------------------------------------------------------
+
+_LIMITED = [
+    {"role": "writer", "prompt": "Write a short answer.", "eval_sampling": {"max_new_tokens": 3}},
+    {"role": "critic", "prompt": "Check the answer and give the final one.", "with_answer": True,
+     "eval_sampling": {"max_new_tokens": 2}},
+]
+
+
+def test_eval_and_leaderboard_agree_on_one_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The leaderboard's --max-new-tokens default (256) used to override the profiles' own
+    eval limits: 107.5 vs 1,193 tokens/episode on one checkpoint."""
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
+    from marft_algos.cli import main as marft
+
+    team = tmp_path / "limited.json"
+    team.write_text(json.dumps(_LIMITED))
+    run = tmp_path / "run"
+    kwargs = {"profiles": str(team), "digits": 1}
+    GRPOTrainer(GRPOConfig(env_id="arith-duo-v0", env_kwargs=kwargs, model="tiny-random", num_envs=2, group_size=2, steps=1,
+                           out_dir=str(run), sampling_overrides=_SHORT, progress=False, plot=False, tensorboard=False,
+                           transcript_every=0)).train()
+    res = tmp_path / "eval.json"
+    assert marft(["eval", "--checkpoint", str(run), "--n", "2", "--greedy", "--json", str(res)]) == 0
+    eval_tokens = json.loads(res.read_text())["mean_tokens"]
+    lb = tmp_path / "lb"
+    assert marft(["leaderboard", "--model", "tiny-random", "--env", "arith-duo-v0", "--env-kwargs", f"arith-duo-v0={json.dumps(kwargs)}",
+                  "--no-majority", "--limit", "2", "--temperature", "0", "--checkpoint", f"lim={run}", "--out", str(lb)]) == 0
+    trained = [r for r in _csv(lb / "leaderboard.csv") if r["system"] == "trained lim"]
+    assert len(trained) == 1
+    assert float(trained[0]["tokens_per_episode"]) <= 5  # the profiles' 3 + 2, not 256 per role
+    assert float(trained[0]["tokens_per_episode"]) == pytest.approx(eval_tokens)
+    assert 0.0 <= float(trained[0]["team_reward"]) <= 1.0 and "team reward" in (lb / "leaderboard.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        marft(["leaderboard", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "each profile's own eval limit" in shown and "a checkpoint's own run setting" in shown
