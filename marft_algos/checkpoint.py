@@ -60,6 +60,7 @@ __all__ = [
     "find_checkpoint",
     "verify_checkpoint",
     "read_checkpoint_config",
+    "run_config",
     "list_checkpoints",
     "clean_stale",
 ]
@@ -106,6 +107,18 @@ def _step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def run_config(config: Any) -> dict[str, Any]:
+    """A run's config.json: the settings (with ``algo``) and the env as it was resolved
+    (:func:`marft_algos.rundir.env_record`), which a resume compares."""
+    from marft_algos.rundir import ENV_RECORD_KEY, env_record
+
+    data = config.to_dict()
+    record = env_record(config.env_id, config.env_kwargs) if getattr(config, "env_id", None) else None
+    if record is not None:
+        data[ENV_RECORD_KEY] = record
+    return data
+
+
 def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
     """Write ``trainer``'s full state atomically under ``root``; returns the checkpoint dir.
 
@@ -129,7 +142,7 @@ def save_checkpoint(trainer: Any, root: str | Path, *, keep: int = 2) -> Path:
             fault("save:policy", step)
             torch.save(trainer.state_dict(), tmp / "trainer.pt")
         fault("save:trainer", step)
-        (tmp / "config.json").write_text(json.dumps(trainer.config.to_dict(), indent=2, sort_keys=True))
+        (tmp / "config.json").write_text(json.dumps(run_config(trainer.config), indent=2, sort_keys=True))
         files = {}
         for p in sorted(tmp.rglob("*")):
             if p.is_file():

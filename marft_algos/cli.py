@@ -229,10 +229,27 @@ def _check_device(device: str) -> None:
         _die(f"device {device!r}: MPS is not available on this machine (use --set device=cpu or auto)")
 
 
+def _check_rank_split(config: Any, world_size: int) -> None:
+    """Under torchrun each rank plays whole groups of episodes: refuse a batch that does not
+    split evenly before any model loads (it used to fail at the first step, after start-up)."""
+    if world_size <= 1:
+        return
+    unit = max(1, int(getattr(config, "group_size", 1) or 1))
+    groups = config.num_envs // unit
+    if groups % world_size:
+        per = unit * world_size
+        sizes = f"num_envs={config.num_envs}" + (f" with group_size={unit}" if unit > 1 else "")
+        _die(f"{sizes} gives {groups} group(s) of episodes per step, which do not split evenly over {world_size} ranks: "
+             f"set num_envs to a multiple of {per} (e.g. --set num_envs={max(per, (config.num_envs // per) * per)}) "
+             f"or launch a number of ranks that divides {groups}")
+
+
 def _write_config(config: Any, path: Path) -> None:
     """config.json (with its ``algo``), replaced atomically."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True))
+    from marft_algos.checkpoint import run_config
+
+    tmp.write_text(json.dumps(run_config(config), indent=2, sort_keys=True))
     os.replace(tmp, path)
 
 
@@ -252,8 +269,14 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         find_checkpoint,
         read_checkpoint_config,
     )
-    from marft_algos.distributed import env_rank
-    from marft_algos.rundir import RunDirLock, check_new_run_dir, resume_changes
+    from marft_algos.distributed import env_rank, env_world_size
+    from marft_algos.rundir import (
+        RunDirLock,
+        check_new_run_dir,
+        has_checkpoint,
+        remove_unsaved_run,
+        resume_changes,
+    )
 
     if args.help:
         print(build_parser().train_parser.format_help())  # type: ignore[attr-defined]
@@ -267,6 +290,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     _check_device(config.device)
     if args.resume and not config.out_dir:
         _die("--resume needs --out (the run directory to continue)")
+    _check_rank_split(config, env_world_size())  # under torchrun: before any model loads or dir is made
     out = Path(config.out_dir) if config.out_dir else None
     # under torchrun / accelerate every rank runs this command: rank 0 alone checks, locks and
     # writes the run dir (the other ranks would find it "in use" or "not empty")
@@ -276,6 +300,11 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             _die(f"--out {out} is a file, not a directory; choose another --out")
         if args.resume and not out.is_dir():
             _die(f"cannot resume: run directory {out} does not exist")
+        if args.resume and not has_checkpoint(out):
+            _die(f"cannot resume: run directory {out} holds no checkpoint (the run stopped before its first save; "
+                 "checkpoints are written every checkpoint_every steps and at the end): there is nothing to continue. "
+                 "Run the same command without --resume to start it again from step 0 in that directory "
+                 "(its earlier logs are replaced), or choose another --out")
         if not args.resume and main_rank:
             check_new_run_dir(out)
     created = out is not None and not out.exists() and main_rank
@@ -283,6 +312,9 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         if lock is not None:
             lock.acquire()
+            if not args.resume and (removed := remove_unsaved_run(out)):  # type: ignore[arg-type]
+                print(f"run directory {out} held a run that stopped before its first checkpoint: "
+                      f"starting again from step 0 (replaced {', '.join(removed)})")
         ckpt = None
         if args.resume:
             assert out is not None
@@ -290,6 +322,11 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             try:
                 ckpt = find_checkpoint(out)
                 resume_changes(read_checkpoint_config(ckpt), config, where=ckpt)  # refuse before loading any model
+                at = int(ckpt.name.split("-")[-1]) if ckpt.name.startswith("step-") else 0
+                if config.steps < at:
+                    _die(f"cannot resume to --steps {config.steps}: the run in {out} is already at step {at} "
+                         f"({ckpt.name}); pass --steps above {at} to train further, or evaluate it with "
+                         f"marft eval --checkpoint {out}")
             except CheckpointError as e:
                 _die(f"cannot resume: {e}")
         trainer = spec.trainer_cls(config)
@@ -487,8 +524,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                                        EngineNotFound]
     try:
         from marft_algos.models.aliases import UnknownModelError
+        from marft_algos.models.policy import AdapterNameError
 
-        errs.append(UnknownModelError)
+        errs += [UnknownModelError, AdapterNameError]
     except ImportError:
         pass
     try:
@@ -521,7 +559,23 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return _run_command(parser, args, extra)
+    except SystemExit as e:
+        from marft_algos.distributed import abort_rank, env_world_size
+
+        if env_world_size() > 1:  # under torchrun: name the rank that left, end the job now
+            abort_rank(e)
+        raise
+
+
+def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
+    """Run the parsed command; user errors become one line on stderr and exit status 2."""
+    from marft_algos.distributed import env_rank, env_world_size
+
     user_errors = _user_errors()
+    # under torchrun every rank prints its own errors: say which rank
+    who = f"marft {args.command} (rank {env_rank()})" if env_world_size() > 1 else f"marft {args.command}"
     try:
         if args.command == "train":
             return cmd_train(args, extra)
@@ -543,14 +597,14 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve(args)
     except user_errors as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-        print(f"marft {args.command}: error: {msg}", file=sys.stderr)
+        print(f"{who}: error: {msg}", file=sys.stderr)
         return 2
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise
         # a full or read-only disk, or no permission: say where, not a traceback
         where = e.filename if e.filename is not None else "(unknown path)"
-        print(f"marft {args.command}: error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
+        print(f"{who}: error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

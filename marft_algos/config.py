@@ -59,6 +59,7 @@ __all__ = [
     "nested_fields",
     "with_default",
     "config_from_dict",
+    "RECORD_KEYS",
     "config_to_dict",
     "apply_overrides",
     "parse_value",
@@ -526,16 +527,20 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return data
 
 
+#: keys of a run's config.json that are records, not settings (``--config run/config.json`` works)
+RECORD_KEYS = frozenset({"algo", "env_record"})
+
+
 def config_from_dict(cls: type[TrainConfig], data: dict[str, Any]) -> TrainConfig:
     """Build ``cls`` from a dict; unknown keys are an error that lists the valid ones.
 
     Nested parts come as dicts (``{"recovery": {"max_rollbacks": 3}}``).
     """
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names - {"algo"})
+    unknown = sorted(set(data) - names - RECORD_KEYS)
     if unknown:
         raise ConfigError(f"unknown {cls.__name__} settings {unknown}; valid settings: {sorted(names)}")
-    return cls(**{k: v for k, v in data.items() if k != "algo"})
+    return cls(**{k: v for k, v in data.items() if k not in RECORD_KEYS})
 
 
 def _field_types(cls: type[TrainConfig]) -> dict[str, Any]:
@@ -565,6 +570,12 @@ def parse_value(text: str, annotation: Any) -> Any:
             raise ConfigError(f"expected {annotation.__name__}, got {text!r}") from None
     if annotation is str:
         return text
+    if origin in (list, tuple) and not text.lstrip().startswith("["):
+        # a comma list (``frozen_agents=editor`` or ``=a,b``), as the docs write it; items
+        # parsed by the element type
+        elem = args[0] if args and args[0] is not Ellipsis else str
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        return [parse_value(t, elem) if elem in (bool, int, float, str) else _loose_value(t) for t in items]
     # dicts / lists: JSON
     try:
         value = json.loads(text)

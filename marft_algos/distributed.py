@@ -34,6 +34,7 @@ import logging
 import os
 import sys
 import traceback
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ __all__ = [
     "rank_seed",
     "shard_full_model",
     "full_state_dict",
+    "abort_rank",
 ]
 
 log = logging.getLogger("marft")
@@ -295,19 +297,35 @@ def minibatch_weight(trainer: Any, mb: Sequence[Any]) -> float:
 _CURRENT: Distributed | None = None
 
 
+def abort_rank(exc: BaseException) -> typing.NoReturn:
+    """End this rank of a multi-process job at once, naming the rank and the reason.
+
+    A rank that stops must end the job, never leave the others waiting in a collective
+    (they would report "Connection closed by peer" and the log would blame rank 0): print
+    the error with the rank, then exit at once (no atexit, whose clean teardown would wait
+    for the ranks that are still running). torchrun sees the non-zero exit and stops every
+    other worker. ``SystemExit`` never reaches ``sys.excepthook``: the ``marft`` entry point
+    calls this for it; its code is kept when non-zero (0 / None become 1: a rank that leaves
+    a running job has failed it).
+    """
+    rank = os.environ.get("RANK", "?")
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        reason = f"exit status {code}" if isinstance(code, int) or code is None else str(code)
+        sys.stderr.write(f"[marft rank {rank}] failed: SystemExit ({reason})\n")
+        status = code if isinstance(code, int) and code != 0 else 1
+    else:
+        sys.stderr.write(f"[marft rank {rank}] failed: {type(exc).__name__}: {exc}\n")
+        status = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    sys.stderr.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(status)
+
+
 def _abort_on_exception(prev: Any) -> Any:
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        # A rank that raises must end the job, never leave the others waiting in a collective:
-        # print the error with the rank, then exit at once (no atexit, whose clean teardown
-        # would wait for the ranks that are still running). torchrun sees the non-zero exit
-        # and stops every other worker.
-        rank = os.environ.get("RANK", "?")
-        sys.stderr.write(f"[marft rank {rank}] failed: {exc_type.__name__}: {exc}\n")
-        sys.stderr.write("".join(traceback.format_exception(exc_type, exc, tb)))
-        sys.stderr.flush()
-        if issubclass(exc_type, KeyboardInterrupt):
-            os._exit(130)
-        os._exit(1)
+        abort_rank(exc.with_traceback(tb))
 
     return hook
 

@@ -40,8 +40,14 @@ __all__ = [
     "RunDirLock",
     "ResumeChanges",
     "check_new_run_dir",
+    "has_checkpoint",
+    "unsaved_run_outputs",
+    "remove_unsaved_run",
+    "RUN_OUTPUTS",
     "resume_changes",
     "apply_optimizer_settings",
+    "ENV_RECORD_KEY",
+    "env_record",
 ]
 
 LOCK_NAME = ".marft.lock"
@@ -149,18 +155,66 @@ def _read_pid(fd: int) -> str:
         return ""
 
 
+#: what a training run writes into its directory (a dir holding only these, and no
+#: checkpoint, is a run that stopped before its first save: it can start again in place)
+RUN_OUTPUTS = frozenset({
+    "config.json", "metrics.jsonl", "transcripts.jsonl", "learning_curve.png", "tb", "checkpoints",
+    "recovery", "recovery.jsonl", "results.json", "results.txt",
+})
+
+
+def has_checkpoint(out_dir: str | Path) -> bool:
+    """Whether ``<out_dir>/checkpoints`` holds any ``step-N`` checkpoint (verified or not)."""
+    root = Path(out_dir) / "checkpoints"
+    return root.is_dir() and any(p.name.startswith("step-") for p in root.iterdir())
+
+
+def unsaved_run_outputs(out_dir: str | Path) -> list[Path]:
+    """The outputs of a run that stopped before its first checkpoint (Ctrl-C, a crash), or ``[]``.
+
+    Non-empty only when the dir holds a run's ``config.json``, no checkpoint, and nothing
+    but what a run writes (:data:`RUN_OUTPUTS`): nothing there can be resumed, and a new
+    run may replace it (:func:`remove_unsaved_run`).
+    """
+    p = Path(out_dir)
+    if not p.is_dir() or not (p / "config.json").is_file() or has_checkpoint(p):
+        return []
+    entries = [e for e in p.iterdir() if e.name != LOCK_NAME]
+    if any(e.name not in RUN_OUTPUTS for e in entries):
+        return []
+    return sorted(entries)
+
+
+def remove_unsaved_run(out_dir: str | Path) -> list[str]:
+    """Remove the outputs of a run that never saved a checkpoint; returns their names."""
+    import shutil
+
+    removed = []
+    for e in unsaved_run_outputs(out_dir):
+        if e.is_dir() and not e.is_symlink():
+            shutil.rmtree(e)
+        else:
+            e.unlink()
+        removed.append(e.name)
+    return removed
+
+
 def check_new_run_dir(out_dir: str | Path) -> None:
-    """A new run (no ``--resume``) needs a missing or empty directory."""
+    """A new run (no ``--resume``) needs a missing or empty directory, or one that holds only
+    a run that stopped before its first checkpoint (see :func:`unsaved_run_outputs`)."""
     p = Path(out_dir)
     if p.exists() and not p.is_dir():
         raise RunDirError(f"--out {p} is a file, not a directory; choose another --out")
     if p.is_dir():
         entries = sorted(e.name for e in p.iterdir() if e.name != LOCK_NAME)
-        if entries:
+        if entries and not unsaved_run_outputs(p):
             shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-            raise RunDirError(
-                f"run directory {p} is not empty ({shown}); continue that run with --resume, or choose another --out"
-            )
+            if has_checkpoint(p):
+                what = "continue that run with --resume, or choose another --out"
+            else:
+                what = (f"it holds no checkpoint, but also files that a run does not write; move them out "
+                        f"(or delete {p}) to start a run there, or choose another --out")
+            raise RunDirError(f"run directory {p} is not empty ({shown}); {what}")
 
 
 # --------------------------------------------------------------------------------------
@@ -200,6 +254,9 @@ def resume_changes(saved: dict[str, Any], config: Any, *, saved_agents: list[str
     :data:`FIXED_ON_RESUME`; also the team, when both agent lists are given); returns the
     other changes (applied by the resumed run). ``out_dir`` is not compared.
     """
+    env_lines = _env_changes(saved.get(ENV_RECORD_KEY), env_record(config.env_id, config.env_kwargs)) \
+        if ENV_RECORD_KEY in saved else []
+    saved = {k: v for k, v in saved.items() if k != ENV_RECORD_KEY}
     old, new = _normalised(saved, config), config.to_dict()
     same_algo = old.get("algo") == new.get("algo")
     out = ResumeChanges()
@@ -216,12 +273,80 @@ def resume_changes(saved: dict[str, Any], config: Any, *, saved_agents: list[str
             out.applied.append(line)
     if saved_agents is not None and agents is not None and list(saved_agents) != list(agents):
         out.refused.append(f"team (agents): {_show(list(saved_agents))} -> {_show(list(agents))}")
+    if env_lines and not out.refused:
+        lines = "\n".join("  " + x for x in env_lines)
+        raise ResumeConfigError(
+            f"cannot resume from {where}: the environment changed since the checkpoint was saved (its state was "
+            f"trained on the old one, and the problem stream would change mid-run):\n{lines}\n"
+            "restore the env as it was (its registration, kwargs and program), or start a new run with another --out"
+        )
+    out.refused += env_lines
     if out.refused:
         lines = "\n".join("  " + x for x in out.refused)
         raise ResumeConfigError(
             f"cannot resume from {where}: these settings differ from the checkpoint's and cannot change on resume:\n{lines}\n"
             "resume with the run's settings (its config.json), or start a new run with another --out"
         )
+    return out
+
+
+#: the key of config.json (a run's and a checkpoint's) that records the env as it was resolved
+ENV_RECORD_KEY = "env_record"
+
+
+def _source_sha256(module_name: str) -> str | None:
+    """sha256 of a module's source file as it is on disk now (None when it has none)."""
+    import hashlib
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module_name)
+        origin = found.origin if found is not None else None
+        return hashlib.sha256(Path(origin).read_bytes()).hexdigest() if origin and origin.endswith(".py") else None
+    except (ImportError, ValueError, OSError):
+        return None
+
+
+def env_record(env_id: str, env_kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a checkpoint's state was trained on, beyond ``env_id`` and the user's ``env_kwargs``.
+
+    ``kwargs``: the registered kwargs merged with ``env_kwargs`` (what ``make`` passes on, so
+    an id re-registered with other kwargs is seen); ``sources``: the sha256 of the source
+    of the env's entry-point module and, for workflow / program envs, of the user program's
+    module (``program="module:function"``). marft's own modules are left out: an upgrade of
+    the library does not block a resume. None when the env id cannot be resolved.
+    """
+    import copy
+
+    try:
+        import marft_envs
+
+        spec = marft_envs.spec(env_id)
+    except Exception:  # noqa: BLE001  (an env that does not resolve is reported elsewhere)
+        return None
+    resolved = {**copy.deepcopy(spec.kwargs), **(env_kwargs or {})}
+    modules = []
+    entry = spec.entry_point
+    modules.append(entry.split(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None))
+    program = resolved.get("program")
+    if isinstance(program, str) and ":" in program:
+        modules.append(program.split(":")[0])
+    sources = {m: _source_sha256(m) for m in modules if m and m.split(".")[0] not in ("marft_envs", "marft_algos")}
+    return json.loads(json.dumps({"kwargs": resolved, "sources": sources}, sort_keys=True, default=repr))
+
+
+def _env_changes(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> list[str]:
+    """Lines naming what changed in the env between a checkpoint and the resuming run."""
+    if not isinstance(saved, dict) or now is None:  # a checkpoint from before the record
+        return []
+    out = []
+    if saved.get("kwargs") != now.get("kwargs"):
+        out.append(f"env kwargs (registered kwargs merged with env_kwargs): {_show(saved.get('kwargs'))} -> {_show(now.get('kwargs'))}")
+    old_src, new_src = saved.get("sources") or {}, now.get("sources") or {}
+    for m in sorted(set(old_src) | set(new_src)):
+        a, b = old_src.get(m), new_src.get(m)
+        if a != b:
+            out.append(f"env source of module {m} (sha256): {(a or '(none)')[:12]} -> {(b or '(none)')[:12]} (the env's or program's code changed)")
     return out
 
 

@@ -157,3 +157,64 @@ def test_quickstart_trains_arith_at_its_easy_level_unless_told(tmp_path):
     assert main([*common, "--out", str(tmp_path / "b"), "--env-kwargs", "{}"]) == 0
     assert json.loads((tmp_path / "b" / "results.json").read_text())["config"]["env_kwargs"] == {}
     assert main([*common, "--out", str(tmp_path / "c"), "--env-kwargs", "{digits: 1}"]) == 2  # bad JSON: one-line error
+
+
+def test_set_takes_a_comma_list_for_list_settings_as_the_tutorial_writes_it():
+    """issue 28 item 21: ``--set frozen_agents=editor`` (docs/tutorial/third-party-env.md) was refused."""
+    import re
+    from pathlib import Path
+
+    from marft_algos.cli import build_config, build_parser
+
+    doc = (Path(__file__).parents[1] / "docs" / "tutorial" / "third-party-env.md").read_text()
+    documented = re.search(r"`--set (frozen_agents=[^`]+)`", doc).group(1)
+    for setting, want in [(documented, ["editor"]), ("frozen_agents=speaker, listener", ["speaker", "listener"]),
+                          ('frozen_agents=["speaker"]', ["speaker"])]:
+        args, extra = build_parser().parse_known_args(["train", "--env", "echo-duo-v0", "--algo", "grpo", "--set", setting])
+        assert build_config(args, extra).frozen_agents == want
+
+
+def test_ctrl_c_before_the_first_checkpoint_is_no_dead_end(tmp_path, monkeypatch, capsys):
+    """issue 28 item 22: after Ctrl-C before the first checkpoint, --resume found nothing and
+    a fresh run refused the directory (only rm -rf helped)."""
+    from marft_algos.trainer import Trainer
+
+    out = tmp_path / "run"
+    argv = ["train", "--env", "echo-duo-v0", "--algo", "grpo", "--out", str(out), "--steps", "2", *TINY]
+
+    def interrupted(self, *a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", interrupted)
+        assert main(argv) == 130
+    assert (out / "config.json").is_file() and not list(out.glob("checkpoints/step-*"))
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no checkpoint" in err and "without --resume" in err
+    assert main(argv) == 0  # the same command starts it again in place
+    assert "stopped before its first checkpoint" in capsys.readouterr().out
+    assert _steps(out) == [1, 2]
+    # a dir with files that a run does not write is still refused, and the message says what to do
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    (other / "notes.txt").write_text("mine")
+    assert main(["train", "--env", "echo-duo-v0", "--algo", "grpo", "--out", str(other), "--steps", "1", *TINY]) == 2
+    assert "files that a run does not write" in capsys.readouterr().err and (other / "notes.txt").is_file()
+
+
+def test_groups_that_do_not_split_over_ranks_are_refused_before_start_up(tmp_path, monkeypatch, capsys):
+    """issue 28 item 22: under torchrun this used to fail at the first step, after the models
+    loaded, leaving a run dir that a fresh run refused."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    out = tmp_path / "run"
+    argv = ["train", "--env", "echo-duo-v0", "--algo", "grpo", "--out", str(out), "--steps", "1", *COMMON]
+    assert main([*argv, "--set", "group_size=2", "--set", "num_envs=6"]) == 2
+    err = capsys.readouterr().err
+    assert "3 group(s) of episodes per step, which do not split evenly over 2 ranks" in err
+    assert "--set num_envs=4" in err and "(rank 0)" in err
+    assert not out.exists()

@@ -274,3 +274,36 @@ def test_fsdp_refuses_a_critic_lora():
     with pytest.raises(ConfigError, match="critic_lora=True is not supported"):
         MARFTActionConfig(env_id="echo-duo-v0", model="tiny-random", critic_lora=True, distributed={"strategy": "fsdp"})
     MARFTActionConfig(env_id="echo-duo-v0", model="tiny-random", critic_lora=True)  # fine with ddp
+
+
+SYSTEM_EXIT_SCRIPT = '''
+import sys
+from marft_algos import cli
+from marft_algos.distributed import init_distributed
+
+def list_algos():
+    d = init_distributed()
+    if d.rank == 1:
+        sys.exit("a user program called sys.exit on rank 1")
+    d.barrier()  # rank 0 waits here for a rank that has left
+    return 0
+
+cli.cmd_list_algos = list_algos
+sys.exit(cli.main(["list-algos"]))
+'''
+
+
+def test_a_rank_ending_with_system_exit_is_named_with_its_reason(tmp_path):
+    """issue 28 item 13: SystemExit skips sys.excepthook: the rank printed nothing and rank 0
+    was blamed ("Connection closed by peer")."""
+    script = tmp_path / "exits.py"
+    script.write_text(SYSTEM_EXIT_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", str(script)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "[marft rank 1] failed: SystemExit (a user program called sys.exit on rank 1)" in proc.stderr, proc.stderr[-3000:]

@@ -360,3 +360,45 @@ def test_compare_cost_counts_the_users_own_cost_components() -> None:
     rows = {r["metric"]: r for r in _team_rows(ra, rb)}
     assert rows["cost"]["A"] == pytest.approx(0.62) and rows["cost"]["B"] == pytest.approx(0.21)
     assert rows["reward/latency"]["A"] == pytest.approx(-0.5)  # the component row is kept too
+
+
+# --------------------------------------------------------------------------------------
+# eval and leaderboard agree (issue 28 item 20)
+# --------------------------------------------------------------------------------------
+
+_LIMITED = [
+    {"role": "writer", "prompt": "Write a short answer.", "eval_sampling": {"max_new_tokens": 3}},
+    {"role": "critic", "prompt": "Check the answer and give the final one.", "with_answer": True,
+     "eval_sampling": {"max_new_tokens": 2}},
+]
+
+
+def test_eval_and_leaderboard_agree_on_one_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The leaderboard's --max-new-tokens default (256) used to override the profiles' own
+    eval limits: 107.5 vs 1,193 tokens/episode on one checkpoint."""
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
+    from marft_algos.cli import main as marft
+
+    team = tmp_path / "limited.json"
+    team.write_text(json.dumps(_LIMITED))
+    run = tmp_path / "run"
+    kwargs = {"profiles": str(team), "digits": 1}
+    GRPOTrainer(GRPOConfig(env_id="arith-duo-v0", env_kwargs=kwargs, model="tiny-random", num_envs=2, group_size=2, steps=1,
+                           out_dir=str(run), sampling_overrides=_SHORT, progress=False, plot=False, tensorboard=False,
+                           transcript_every=0)).train()
+    res = tmp_path / "eval.json"
+    assert marft(["eval", "--checkpoint", str(run), "--n", "2", "--greedy", "--json", str(res)]) == 0
+    eval_tokens = json.loads(res.read_text())["mean_tokens"]
+    lb = tmp_path / "lb"
+    assert marft(["leaderboard", "--model", "tiny-random", "--env", "arith-duo-v0", "--env-kwargs", f"arith-duo-v0={json.dumps(kwargs)}",
+                  "--no-majority", "--limit", "2", "--temperature", "0", "--checkpoint", f"lim={run}", "--out", str(lb)]) == 0
+    trained = [r for r in _csv(lb / "leaderboard.csv") if r["system"] == "trained lim"]
+    assert len(trained) == 1
+    assert float(trained[0]["tokens_per_episode"]) <= 5  # the profiles' 3 + 2, not 256 per role
+    assert float(trained[0]["tokens_per_episode"]) == pytest.approx(eval_tokens)
+    assert 0.0 <= float(trained[0]["team_reward"]) <= 1.0 and "team reward" in (lb / "leaderboard.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        marft(["leaderboard", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "each profile's own eval limit" in shown and "a checkpoint's own run setting" in shown

@@ -81,3 +81,24 @@ def test_roles_in_the_internal_namespace_are_refused_with_a_clear_error():
     env = dict(WRITER_CRITIC, profiles=[dict(WRITER_CRITIC["profiles"][0], role="__critic__"), WRITER_CRITIC["profiles"][1]])
     with pytest.raises(ConfigError, match="rename these roles"):
         MARFTActionTrainer(MARFTActionConfig(**_kw(env)), policy=letter_policy(("__critic__", "critic")))
+
+
+@pytest.mark.parametrize("roles", [("solver.v2", "solver_v2"), ("role_a", "a"), ("x y", "x_y", "z")])
+def test_roles_that_sanitise_to_one_adapter_name_are_refused(roles):
+    """issue 28 item 19: ``solver.v2`` and ``solver_v2`` used to share one adapter (one saved)."""
+    from marft_algos.models.policy import AdapterNameError
+
+    with pytest.raises(AdapterNameError, match="collide after sanitising") as e:
+        letter_policy(roles)
+    assert repr(roles[0]) in str(e.value) and repr(roles[1]) in str(e.value)
+
+
+def test_distinct_sanitised_names_and_an_explicitly_shared_adapter_still_work():
+    from marft_algos.models.policy import adapter_names
+
+    assert adapter_names(["solver.v2", "checker"]) == {"solver.v2": "solver_v2", "checker": "checker"}
+    assert adapter_names(["a", "b"]) == {"a": "role_a", "b": "b"}
+    # roles that name the same adapter share it on purpose
+    assert adapter_names(["p", "q"], {"p": "team.x", "q": "team.x"}) == {"p": "team_x", "q": "team_x"}
+    policy = letter_policy(("solver.v2", "checker"))
+    assert policy._adapter_of == {"solver.v2": "solver_v2", "checker": "checker"}

@@ -64,8 +64,10 @@ from marft_algos.evaluation.games import (
 )
 from marft_algos.evaluation.majority import majority_vote
 from marft_algos.evaluation.options import (
+    DEFAULT_MAX_CONTEXT,
     DEFAULT_MODEL,
     DEFAULT_TEMPERATURE,
+    GAME_MAX_NEW_TOKENS,
     eval_kwargs,
     parse_env_kwargs,
     problem_indices,
@@ -104,11 +106,11 @@ __all__ = [
 ]
 
 COLUMNS = [
-    "suite", "system", "env_id", "problems", "k", "accuracy", "ci_low", "ci_high", "pass_at_k",
+    "suite", "system", "env_id", "problems", "k", "accuracy", "ci_low", "ci_high", "pass_at_k", "team_reward",
     "tokens_per_episode", "calls_per_episode", "verifier_timeouts", "overlong_episodes", "seconds",
 ]
 _HEADERS = [
-    "suite", "system", "env", "problems", "k", "acc (avg@k)", "95% CI low", "95% CI high", "pass@k",
+    "suite", "system", "env", "problems", "k", "acc (avg@k)", "95% CI low", "95% CI high", "pass@k", "team reward",
     "tokens/episode", "LLM calls/episode", "verifier timeouts", "overlong episodes", "seconds",
 ]
 
@@ -226,7 +228,7 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     opponents = list(dict.fromkeys(args.opponent or ["random"]))
     temperature = ev["temperature"]
-    game_sampling: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
+    game_sampling: dict[str, Any] = {"max_new_tokens": args.max_new_tokens or GAME_MAX_NEW_TOKENS}
     if temperature is not None and temperature > 0:
         game_sampling.update(greedy=False, temperature=temperature)
 
@@ -300,7 +302,9 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
                     gc.collect()
                     continue
                 t0 = time.perf_counter()
-                recs = run_samples(trained.policy, env_id, split=split, env_kwargs=kwargs, problems=problems, k=args.k, seed=args.seed, **ev)
+                # the run's own context limit unless --max-context says otherwise (as marft eval)
+                ev_run = {**ev, "max_context": args.max_context or runs[label][0].max_context}
+                recs = run_samples(trained.policy, env_id, split=split, env_kwargs=kwargs, problems=problems, k=args.k, seed=args.seed, **ev_run)
                 record(suite, f"trained {label}", env_id, recs, time.perf_counter() - t0, args.k)
                 del trained
                 gc.collect()
@@ -367,21 +371,24 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help=f"base model of the untrained systems (default {DEFAULT_MODEL}; for --compare untrained: the checkpoint's own)")
     p.add_argument("--limit", type=int, default=None, help="problems per suite (default: the suite's size)")
-    p.add_argument("--start-index", type=int, default=0)
+    p.add_argument("--start-index", type=int, default=0, help="first problem index (default 0)")
     p.add_argument("--split", default=None, help="override the suites' split")
-    p.add_argument("--k", type=int, default=1, help="samples per problem (avg@k, pass@k)")
+    p.add_argument("--k", type=int, default=1, help="samples per problem (avg@k, pass@k; default 1)")
     p.add_argument("--temperature", type=float, default=None,
                    help=f"sampling temperature of every agent (0 = greedy; <0 = the profiles' own); default {DEFAULT_TEMPERATURE}, greedy for --compare")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--num-envs", type=int, default=32, help="episodes generated together")
-    p.add_argument("--max-context", type=int, default=2048)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="new tokens per action for every agent (default: each profile's own eval limit, as marft eval uses; "
+                        f"game suites: {GAME_MAX_NEW_TOKENS})")
+    p.add_argument("--num-envs", type=int, default=32, help="episodes generated together (default 32)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help=f"context limit in tokens (default: a checkpoint's own run setting, as marft eval uses; {DEFAULT_MAX_CONTEXT} for untrained systems)")
     p.add_argument("--no-majority", dest="majority", action="store_false", help="skip the majority-vote baselines")
     p.add_argument("--opponent", action="append", metavar="NAME",
                    help="game suites: a fixed opponent every system plays in each seat (repeatable): random (default), "
                         "optimal (Nim) or fixed:MOVE")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234, help="seed of the samples (default 1234)")
     p.add_argument("--engine", default=None, help="generation engine: hf or vllm (docs/engines.md); default: hf, or a checkpoint's own")
-    p.add_argument("--out", default="runs/leaderboard")
+    p.add_argument("--out", default="runs/leaderboard", help="output directory (default runs/leaderboard)")
     return p
 
 

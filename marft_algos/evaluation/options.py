@@ -15,6 +15,8 @@ from marft_algos.evaluation.errors import LeaderboardError
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_TEMPERATURE",
+    "DEFAULT_MAX_CONTEXT",
+    "GAME_MAX_NEW_TOKENS",
     "eval_kwargs",
     "parse_env_kwargs",
     "problem_indices",
@@ -24,6 +26,12 @@ __all__ = [
 #: Sampling temperature of the leaderboard when ``--temperature`` is not given
 #: (the regression view decodes greedily instead).
 DEFAULT_TEMPERATURE = 0.7
+#: Context limit of the untrained systems when ``--max-context`` is not given (a
+#: checkpoint keeps its run's ``max_context``).
+DEFAULT_MAX_CONTEXT = 2048
+#: New tokens per move in game suites when ``--max-new-tokens`` is not given (game envs
+#: have no per-role eval limit; text envs use each profile's own).
+GAME_MAX_NEW_TOKENS = 256
 #: Base model of the untrained systems when ``--model`` is not given.
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -49,7 +57,8 @@ def sampling_temperature(args: argparse.Namespace, default: float) -> float | No
 def eval_kwargs(args: argparse.Namespace, default_temperature: float = DEFAULT_TEMPERATURE) -> dict[str, Any]:
     """The sampling options of :func:`~marft_algos.evaluation.samples.play` from the parsed options."""
     temp = sampling_temperature(args, default_temperature)
-    return dict(temperature=temp, max_new_tokens=args.max_new_tokens, num_envs=args.num_envs, max_context=args.max_context)
+    max_context = args.max_context if args.max_context is not None else DEFAULT_MAX_CONTEXT
+    return dict(temperature=temp, max_new_tokens=args.max_new_tokens, num_envs=args.num_envs, max_context=max_context)
 
 
 def parse_env_kwargs(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:

@@ -193,6 +193,8 @@ def summarize(records: Sequence[SampleRecord], k: int | None = None) -> dict[str
         "ci_low": lo,
         "ci_high": hi,
         "pass_at_k": sum(any(r.correct for r in rs) for rs in groups.values()) / n if n else float("nan"),
+        # the mean team return per episode (partial credit and shaping included, unlike accuracy)
+        "team_reward": sum(r.reward for r in flat) / len(flat) if flat else float("nan"),
         "tokens_per_episode": sum(r.tokens for r in flat) / len(flat) if flat else float("nan"),
         "calls_per_episode": sum(r.calls for r in flat) / len(flat) if flat else float("nan"),
         "verifier_timeouts": sum(r.timed_out for r in flat),

@@ -53,7 +53,7 @@ from marft_algos.models.loading import load_base, parse_dtype
 from marft_algos.models.prefix import plan_prefixes, two_stage_forward
 from marft_algos.models.sampling import GenRequest, GenResult, TokenStats
 
-__all__ = ["LoadedBase", "LoraSettings", "TeamPolicy", "train_mode"]
+__all__ = ["AdapterNameError", "LoadedBase", "LoraSettings", "TeamPolicy", "adapter_names", "train_mode"]
 
 _FORMAT = 1
 
@@ -136,6 +136,37 @@ def _sanitize(name: str) -> str:
     if clean in "lora_" or clean in ("__base__", "default") or clean.startswith("__"):
         clean = f"role_{clean}"
     return clean
+
+
+class AdapterNameError(ValueError):
+    """Two roles whose adapter names become one after sanitising (they would share one adapter)."""
+
+
+def adapter_names(roles: Sequence[str], adapters: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each role's peft adapter name (``adapters[role]`` or the role, sanitised).
+
+    Sanitising is not one-to-one (``solver.v2`` and ``solver_v2`` both become ``solver_v2``;
+    ``a`` becomes ``role_a``): two roles that asked for different adapters but would land
+    on one name would silently train and save a single adapter, so that team is refused
+    with :class:`AdapterNameError`. Roles that name the same adapter in ``adapters`` share it.
+    """
+    wanted = {r: (adapters or {}).get(r, r) for r in roles}
+    out = {r: _sanitize(w) for r, w in wanted.items()}
+    asked: dict[str, dict[str, list[str]]] = {}
+    for r, name in out.items():
+        asked.setdefault(name, {}).setdefault(wanted[r], []).append(r)
+    clashes = {name: by for name, by in asked.items() if len(by) > 1}
+    if clashes:
+        lines = "; ".join(
+            f"{' and '.join(repr(r) for rs in by.values() for r in rs)} all become adapter {name!r}"
+            for name, by in clashes.items()
+        )
+        raise AdapterNameError(
+            f"role names collide after sanitising into adapter names ({lines}): only one adapter would be "
+            "trained and saved. Rename a role so that the names differ in letters, digits, '_' or '-' "
+            "(dots and other characters become '_'; a name inside 'lora_' such as 'a' becomes 'role_a')"
+        )
+    return out
 
 
 def _eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
@@ -272,6 +303,8 @@ class TeamPolicy:
             unknown = set(base) - set(roles)
             if unknown:
                 raise ValueError(f"base mapping names unknown roles {sorted(unknown)}")
+        # refused before any model loads: two roles on one adapter name
+        names = adapter_names(roles, adapters) if mode == "lora" else {}
         self.roles = roles
         self.mode = mode
         self.lora = lora or LoraSettings()
@@ -328,7 +361,7 @@ class TeamPolicy:
             elif mode == "shared":
                 self._adapter_of[role] = "shared"
             else:
-                self._adapter_of[role] = _sanitize((adapters or {}).get(role, role))
+                self._adapter_of[role] = names[role]
         for b in self._bases:
             if mode == "full":
                 self._setup_full(b, full_reference)
