@@ -49,7 +49,7 @@ def _finite(v: Any) -> bool:
 def curve_panels(
     rows: Sequence[dict[str, Any]],
     keys: Sequence[str] = ("team/reward", "team/accuracy"),
-    agent_keys: Sequence[str] = ("kl", "entropy", "grad_norm"),
+    agent_keys: Sequence[str] = ("update_kl", "rollout_ref_kl", "entropy", "grad_norm"),
     cost_keys: Sequence[str] = ("team/tokens_per_episode",),
     cost_components: Sequence[str] = (),
 ) -> list[tuple[str, list[str]]]:
@@ -100,7 +100,7 @@ def learning_curve_figure(
     rows: Sequence[dict[str, Any]],
     *,
     keys: Sequence[str] = ("team/reward", "team/accuracy"),
-    agent_keys: Sequence[str] = ("kl", "entropy", "grad_norm"),
+    agent_keys: Sequence[str] = ("update_kl", "rollout_ref_kl", "entropy", "grad_norm"),
     cost_keys: Sequence[str] = ("team/tokens_per_episode",),
     cost_components: Sequence[str] = (),
     smooth: int = 5,
@@ -164,7 +164,7 @@ def plot_learning_curve(
     out_png: str | Path,
     *,
     keys: Sequence[str] = ("team/reward", "team/accuracy"),
-    agent_keys: Sequence[str] = ("kl", "entropy", "grad_norm"),
+    agent_keys: Sequence[str] = ("update_kl", "rollout_ref_kl", "entropy", "grad_norm"),
     cost_keys: Sequence[str] = ("team/tokens_per_episode",),
     cost_components: Sequence[str] = (),
     smooth: int = 5,

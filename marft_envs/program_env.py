@@ -542,12 +542,6 @@ class ProgramEnv(WorkflowEnv):
         state["_replay"] = self._ep is not None and not self._ep.ended and bool(self.agents)
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        replay = state.pop("_replay", False)
-        self.__dict__.update(state)
-        if replay:
-            self._replay()
-
     def _replay(self) -> None:
         """Restart the program and answer its calls from the record until it waits where the original did."""
         ep = _Episode(self)

@@ -80,14 +80,15 @@ def test_learning_curve_has_one_panel_per_quantity_and_integer_steps(tmp_path):
     log = MetricsLogger(tmp_path, tensorboard=False)
     for step in range(1, 4):
         row = {"team/reward": 0.1 * step, "team/accuracy": 0.1 * step, "team/tokens_per_episode": 30.0 + step,
-               "agent/a/kl": 1e-5 * step, "agent/b/kl": 2e-5, "agent/a/entropy": 2.0, "agent/a/reward/format": 0.5}
+               "agent/a/update_kl": 1e-5 * step, "agent/b/update_kl": 2e-5, "agent/a/kl": 0.0, "agent/a/entropy": 2.0, "agent/a/reward/format": 0.5}
         if step in (1, 3):
             row.update({"eval/accuracy": 0.2 * step, "eval/ci_low": 0.1 * step, "eval/ci_high": 0.3 * step})
         log.log(step, row)
     rows = read_metrics(tmp_path / "metrics.jsonl")
     panels = dict(curve_panels(rows))
     # KL and entropy never share an axis; reward components are not mistaken for diagnostics
-    assert panels["per-agent kl"] == ["agent/a/kl", "agent/b/kl"] and panels["per-agent entropy"] == ["agent/a/entropy"]
+    # the in-loss KL (0 by construction at the defaults) is not plotted; the post-update KL is
+    assert panels["per-agent update_kl"] == ["agent/a/update_kl", "agent/b/update_kl"] and panels["per-agent entropy"] == ["agent/a/entropy"]
     assert panels["held-out accuracy (95% interval)"] == ["eval/accuracy"]
     assert panels[TOKENS_PANEL] == ["team/tokens_per_episode"] and panels["team reward"] == ["team/reward", "team/accuracy"]
     out = plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.png")
@@ -182,7 +183,7 @@ def test_learning_curve_has_no_empty_axis_and_grad_norm_and_zero_signal_panels()
         assert list(zero.get_lines()[0].get_ydata()) == [0.25, 0.5, 0.75]
     finally:
         plt.close(fig)
-    rows = [{"step": s, "team/reward": 0.1 * s, "team/tokens_per_episode": 9.0, "agent/a/kl": 0.1,
+    rows = [{"step": s, "team/reward": 0.1 * s, "team/tokens_per_episode": 9.0, "agent/a/update_kl": 0.1,
              "agent/a/entropy": 1.0} for s in range(1, 4)]
     fig = learning_curve_figure(rows)  # 4 panels in a 3-column grid: the two spare cells are removed
     try:
