@@ -202,9 +202,11 @@ def test_leaderboard_compare_and_checkpoint(lb: ModuleType, tmp_path: Path) -> N
     assert cols == lb.COMPARE_COLUMNS
     metrics = {(r["agent"], r["metric"]) for r in rows}
     for agent in ("reasoner", "actor"):
-        for m in ("tokens", "agrees_with_predecessor", "action_changed"):
+        for m in ("tokens", "action_changed"):
             assert (agent, m) in metrics
-    # a format error is only counted for the role whose text is graded as the answer (issue 28 item 23)
+    # format errors are only counted for the role whose text is graded as the answer (issue 28
+    # item 23: a reasoner that thinks aloud never "fails the format"); answer agreement only
+    # appears when both texts hold an answer (random tiny-model text seldom does)
     assert ("actor", "format_error") in metrics and ("reasoner", "format_error") not in metrics
     assert ("team", "accuracy") in metrics
     assert "temperature 0.0" in (out / "compare.md").read_text()  # greedy by default
