@@ -113,7 +113,9 @@ def test_two_ranks_half_batch_equal_one_rank_full_batch(algo, tmp_path):
     for i, ep in enumerate(batch.episodes):  # a reward signal whatever the untrained team said
         if i % 4 in (0, 3):
             ep.team_return = 1.0
-            ep.transitions[-1].reward = ep.transitions[-1].team_reward = 1.0
+            ep.transitions[-1].reward = 1.0
+            for tr in ep.transitions:  # as the collector credits a graded turn's team reward to all its actions
+                tr.team_reward = 1.0
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(batch))
     t.estimate(batch)
     t.update(batch)
@@ -191,7 +193,9 @@ def letter_batch(t: Any) -> Any:
     for i, ep in enumerate(batch.episodes):
         if i % 4 in (0, 3):
             ep.team_return = 1.0
-            ep.transitions[-1].reward = ep.transitions[-1].team_reward = 1.0
+            ep.transitions[-1].reward = 1.0
+            for tr in ep.transitions:  # as the collector credits a graded turn's team reward to all its actions
+                tr.team_reward = 1.0
     return batch
 
 
