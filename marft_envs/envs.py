@@ -297,14 +297,15 @@ __all__ += ["GAME_ENV_IDS"]
 #: Ids registered by this block.
 TOOL_ENV_IDS: tuple[str, ...] = ("arith-calc-duo-v0", "gsm8k-calc-duo-v0", "rag-solo-v0", "rag-quartet-v0")
 _RAG_TASK = "marft_envs.tasks.rag:RAGTask"
-# RAG: reward = answer F1 (EM is `correct`), minus small costs for tokens and tool use.
+# RAG: reward = the answer score (``partial``: 1 for an exact match, else half the best answer F1
+# divided by the answers listed, so hedging never pays; EM is `correct`), minus small costs.
 _RAG_REWARD = {"outcome": 0.0, "partial": 1.0, "cost_per_token": 0.0001}
 _RAG_TOOLS = {"budget": 2, "reward": {"cost_per_tool_call": 0.01, "cost_per_tool_error": 0.05}}
 _CALC_TOOLS = {"expected_tools": ["calculator"], "reward": {"cost_per_tool_error": 0.05}}
 
 FAMILIES["rag"] = _page(
     "Retrieval-augmented QA (MMOA-RAG): a query rewriter, a document selector, a filter and an "
-    "answer generator share the answer-F1 reward. Offline by default (``dataset='kb'``: a "
+    "answer generator share the answer-score reward (exact match 1, else half the best F1 divided by the answers listed). Offline by default (``dataset='kb'``: a "
     "procedural multi-hop knowledge base with look-alike distractors); ``dataset='hotpotqa'`` or "
     "``'nq'`` for real data. The ``search`` tool (BM25 over the corpus) is available to the "
     "selector (quartet) and the generator (solo). See :mod:`marft_envs.tasks.rag` and the RAG page.",
@@ -312,7 +313,8 @@ FAMILIES["rag"] = _page(
     topology="``Chain`` (each agent sees the previous one; documents are passed on by id)",
 ).replace(
     "shared team reward: ``outcome * correct`` (+ optional format, partial, cost terms)",
-    "shared team reward: answer F1 (``partial``) minus token and tool-use costs; EM is ``correct``",
+    "shared team reward: the answer score (``partial``: 1 for an exact match, else half the best F1 divided by "
+    "the answers listed) minus token and tool-use costs; EM is ``correct``",
 )
 
 
@@ -335,7 +337,7 @@ for _team, _what in (("solo", "generator with the search tool"),
         _ENTRY,
         kwargs={"task": _RAG_TASK, "profiles": f"rag_{_team}",
                 "reward": _RAG_REWARD, "tool_config": _RAG_TOOLS},
-        description=f"multi-hop QA over a local corpus (offline KB; hotpotqa, nq); {_what}; reward answer F1",
+        description=f"multi-hop QA over a local corpus (offline KB; hotpotqa, nq); {_what}; reward answer score (EM, else F1 / 2 per answer listed)",
     )
 __all__ += ["TOOL_ENV_IDS"]
 
