@@ -29,7 +29,7 @@ def test_detector_nonfinite_entropy_kl_and_reward():
         assert d.check(healthy(k)) == []
     assert d.check({**healthy(3), "train/nonfinite_skips": 1.0}) == ["nonfinite"]
     assert d.check({**healthy(4), "agent/speaker/entropy": 5.0}) == ["entropy_surge/speaker"]  # 5 > 3 x 1 and +4 nats
-    assert d.check({**healthy(5), "agent/listener/kl": 3.0}) == ["kl_spike/listener"]
+    assert d.check({**healthy(5), "agent/listener/update_kl": 3.0}) == ["kl_spike/listener"]  # the post-update KL (issue 27 item 4)
     assert d.check({**healthy(6), "agent/listener/entropy": float("nan")}) == ["nonfinite"]
     assert d.check(healthy(7), params=[torch.tensor([1.0, math.inf])]) == ["nonfinite"]
     # reward: EMA(0.5) best 0.5; a drop to 0.0 gives EMA 0.25 -> not < 0.25; a second one does
