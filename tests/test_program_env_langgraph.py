@@ -65,8 +65,7 @@ def test_the_graph_runs_against_the_endpoint_and_its_fan_out_is_one_engine_batch
 
 
 def test_grpo_trains_every_role_of_the_langgraph_program_for_two_steps(team_graph) -> None:
-    from marft_algos.algos.grpo import GRPOTrainer
-    from marft_algos.algos.grpo import GRPOConfig
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     roles = team_graph.ROLES
     sampling = {r: {"max_new_tokens": 1, "temperature": 1.0} for r in roles}
