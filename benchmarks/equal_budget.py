@@ -52,26 +52,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` imp
 from benchmarks._common import markdown_table, versions, wilson, write_csv, write_json  # noqa: E402
 from marft_algos.cli import QUICKSTART_ARITH_LEVEL, QUICKSTART_RECIPE, QUICKSTART_SAMPLING  # noqa: E402
 
-__all__ = ["main", "build_parser", "paired_bootstrap", "fit_groups", "SYSTEMS", "System", "queue", "COMPARISONS", "TABLE_COLUMNS", "DIFF_COLUMNS"]
+__all__ = ["main", "build_parser", "paired_bootstrap", "fit_groups", "SYSTEMS", "System", "queue", "COMPARISONS", "tokens_to_target", "TABLE_COLUMNS", "DIFF_COLUMNS"]
 
 
 @dataclasses.dataclass(frozen=True)
 class System:
-    """One system of the comparison: ``env`` is "solo", "duo", "malt" or "rema" (the env flag that plays it)."""
+    """One system of the comparison: ``env`` is "solo", "duo", "malt" or "rema" (the env flag that plays it).
+
+    ``warm``: RL starts from per-role adapters that ``marft sft`` trained on the env's scripted
+    demonstrations (issue 30 section 2). ``tier``: queue order (0 the baselines of issue 18,
+    1 the credit-assignment systems of issue 30, 2 the MALT/ReMA extras).
+    """
 
     name: str
     env: str
     algo: str | None = None  # None: untrained
     overrides: tuple[tuple[str, Any], ...] = ()
     majority: bool = False
-    core: bool = True  # the MALT/ReMA extras are not core: they run last
+    tier: int = 0
+    warm: bool = False
 
     @property
     def trained(self) -> bool:
         """True when the system is trained (its seeds are training seeds)."""
         return self.algo is not None
 
+    @property
+    def core(self) -> bool:
+        """True for the baselines of issue 18 (queued first)."""
+        return self.tier == 0
 
+
+_AGENTWISE = (("normalize_advantages", "agent"),)
+_BRANCH = (("branching", 2),)
 SYSTEMS: list[System] = [
     System("untrained-solo", "solo"),
     System("untrained-duo", "duo"),
@@ -79,24 +92,42 @@ SYSTEMS: list[System] = [
     System("solo-grpo", "solo", "grpo"),
     System("duo-marft-action", "duo", "marft-action"),
     System("duo-marft-token", "duo", "marft-token"),
-    System("duo-grpo", "duo", "grpo", (("normalize_advantages", "agent"),)),
+    System("duo-grpo", "duo", "grpo", _AGENTWISE),
     System("duo-ippo", "duo", "ippo"),
-    System("malt-grpo", "malt", "grpo", (("normalize_advantages", "agent"),), core=False),
-    System("rema-grpo", "rema", "grpo", (("normalize_advantages", "agent"),), core=False),
+    # credit assignment (issue 30): branching rollouts' counterfactual credit, and the SFT warm start
+    System("duo-grpo-branch", "duo", "grpo", _AGENTWISE + _BRANCH, tier=1),
+    System("duo-marft-action-branch", "duo", "marft-action", _BRANCH, tier=1),
+    System("solo-grpo-warm", "solo", "grpo", tier=1, warm=True),
+    System("duo-grpo-warm", "duo", "grpo", _AGENTWISE, tier=1, warm=True),
+    System("duo-marft-action-warm", "duo", "marft-action", tier=1, warm=True),
+    System("duo-grpo-branch-warm", "duo", "grpo", _AGENTWISE + _BRANCH, tier=1, warm=True),
+    System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True),
+    System("malt-grpo", "malt", "grpo", _AGENTWISE, tier=2),
+    System("rema-grpo", "rema", "grpo", _AGENTWISE, tier=2),
 ]
 BY_NAME = {s.name: s for s in SYSTEMS}
+_TEAMS = ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")
+_BRANCHED = ("duo-grpo-branch", "duo-marft-action-branch", "duo-grpo-branch-warm", "duo-marft-action-branch-warm")
 #: Paired differences of the report: (A, B) reads "A - B".
 COMPARISONS: list[tuple[str, str]] = [
-    *[(d, "solo-grpo") for d in ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")],
-    *[(d, "untrained-duo") for d in ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")],
+    *[(d, "solo-grpo") for d in _TEAMS],
+    *[(d, "untrained-duo") for d in _TEAMS],
     ("duo-marft-action", "duo-grpo"),
     ("duo-marft-token", "duo-grpo"),
-    *[(d, "solo-majk") for d in ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")],
+    *[(d, "solo-majk") for d in _TEAMS],
     ("solo-grpo", "untrained-solo"),
     *[(t, "solo-grpo") for t in ("malt-grpo", "rema-grpo")],
     *[(t, "duo-grpo") for t in ("malt-grpo", "rema-grpo")],
     ("untrained-duo", "untrained-solo"),
+    # issue 30: team - solo, branching - plain, warm - cold
+    *[(d, "solo-grpo") for d in _BRANCHED[:2]],
+    *[(d, "solo-grpo-warm") for d in ("duo-grpo-warm", "duo-marft-action-warm", *_BRANCHED[2:])],
+    *[(d, d.replace("-branch", "")) for d in _BRANCHED],
+    *[(s.name, s.name.removesuffix("-warm")) for s in SYSTEMS if s.warm],
+    *[(d, "solo-majk") for d in _BRANCHED],
 ]
+#: config fields a job's JSON keeps (what differs between systems)
+CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching")
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
                  "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "status"]
 DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]
@@ -182,12 +213,12 @@ def _agents(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
     return list(marft_envs.spec(env_id).agents_for(**env_kwargs))
 
 
-def _heldout(policy: Any, env_id: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Greedy evaluation on test problems 0..eval_n-1 with the training token limits; per-problem correctness."""
+def _heldout(policy: Any, env_id: str, args: argparse.Namespace, n: int | None = None) -> dict[str, Any]:
+    """Greedy evaluation on test problems 0..n-1 (default ``--eval-n``) with the training token limits; per-problem correctness."""
     from marft_algos.evaluation import episode_score, evaluate
 
     env_kwargs = json.loads(args.env_kwargs)
-    res = evaluate(policy, env_id, env_kwargs=env_kwargs, n=args.eval_n, split="test", num_envs=args.num_envs_eval, greedy=True,
+    res = evaluate(policy, env_id, env_kwargs=env_kwargs, n=args.eval_n if n is None else n, split="test", num_envs=args.num_envs_eval, greedy=True,
                    sampling_overrides=_sampling(_agents(env_id, env_kwargs), args), seed=1234)
     d = res.to_dict()
     d["correct_per_problem"] = [int(bool(ep.correct)) for ep in res.episodes]
@@ -196,7 +227,7 @@ def _heldout(policy: Any, env_id: str, args: argparse.Namespace) -> dict[str, An
     return d
 
 
-def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path) -> tuple[Any, Any]:
+def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path, out: Path | None = None) -> tuple[Any, Any]:
     from marft_algos.config import apply_overrides, config_from_dict
     from marft_algos.registry import get_algorithm
 
@@ -211,10 +242,32 @@ def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path) 
     }
     if system.algo == "grpo":
         data["group_size"] = args.group_size
-    data.update(dict(system.overrides))
     names = {f.name for f in dataclasses.fields(spec.config_cls)}
+    missing = [k for k, _ in system.overrides if k not in names]
+    if missing:  # a system whose defining setting would be dropped is not that system
+        raise SystemExit(f"{system.name}: {spec.config_cls.__name__} has no field {missing}")
+    data.update(dict(system.overrides))
+    if system.warm:
+        data["init_from"] = str(_warm_start(system, seed, args, run_dir))
     data = {k: v for k, v in data.items() if k in names}
     return spec, config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, data, args.set))
+
+
+def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Path) -> Path:
+    """The SFT run a warm system starts RL from: ``marft sft`` on the env's scripted demonstrations,
+    run once per (system, seed) inside the job's run dir (a re-run reuses a finished one)."""
+    from marft_algos.cli import main as marft
+
+    sft_dir = run_dir / "sft"
+    done = sft_dir / "SFT_DONE"
+    if not done.exists():
+        argv = ["sft", "--env", _env_id(args, system.env), "--env-kwargs", args.env_kwargs, "--model", args.model,
+                "--demos", "scripted", "--seed", str(seed), "--out", str(sft_dir), *[a for kv in args.sft_set for a in ("--set", kv)]]
+        code = marft(argv)
+        if code:
+            raise SystemExit(f"{system.name} seed {seed}: `marft {' '.join(argv)}` failed (exit {code})")
+        done.write_text("ok\n")
+    return sft_dir
 
 
 def _step_record(m: dict[str, Any], tokens: int, minutes: float) -> dict[str, Any]:
@@ -245,31 +298,88 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
         rec["eval"] = _heldout(policy, env_id, args)
         rec.update(train_tokens=0, steps=0, train_minutes=0.0, curve=[])
     else:
-        spec, config = _config(system, seed, args, out / "rundirs" / system.name / f"seed{seed}")
-        trainer = spec.trainer_cls(config)
-        tokens, curve, spent = 0, [], 0.0
-        cpu, groups = 0.0, 0
-        full = config.num_envs // trainer.algorithm.group_size
-        while tokens < args.token_budget and trainer.global_step < args.max_steps:
-            t0, c0 = time.perf_counter(), time.process_time()
-            n = fit_groups(tokens, groups, args.token_budget, full)
-            m = trainer.train_step(n)
-            groups += n
-            spent += time.perf_counter() - t0
-            cpu += time.process_time() - c0
-            tokens += int(m.get("rollout/tokens", 0))
-            curve.append(_step_record(m, tokens, spent / 60))
-            print(f"[equal-budget] {system.name} seed {seed} step {trainer.global_step}: reward {m.get('team/reward', float('nan')):.3f}, "
-                  f"{tokens}/{args.token_budget} tokens, {spent / 60:.1f} min", flush=True)
-        if trainer.logger is not None:
-            trainer.logger.flush()
-        rec.update(train_tokens=tokens, steps=trainer.global_step, train_groups=groups, train_minutes=spent / 60, train_cpu_minutes=cpu / 60, curve=curve,
-                   config={k: v for k, v in config.to_dict().items() if k in ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides")})
-        rec["eval"] = _heldout(trainer.policy, env_id, args)
+        rec.update(_train(system, seed, args, out, env_id))
     rec["job_minutes"] = (time.perf_counter() - t_job) / 60
     rec["job_cpu_minutes"] = (time.process_time() - cpu_job) / 60  # on a shared CPU, wall clock overstates the cost
     rec["correct_per_problem"] = rec["eval"]["correct_per_problem"]
     rec["accuracy"] = float(np.mean(rec["correct_per_problem"])) if rec["correct_per_problem"] else float("nan")
+    return rec
+
+
+def _progress_path(run_dir: Path) -> Path:
+    return run_dir / "progress.json"
+
+
+def _resume(trainer: Any, run_dir: Path) -> dict[str, Any]:
+    """The saved progress of an unfinished job (and its checkpoint loaded into ``trainer``), or a fresh start.
+
+    ``progress.json`` is written after the checkpoint of the same step, so a job stopped at any
+    point resumes from its last completed step: a checkpoint newer than the progress file is
+    ignored in favour of the one the progress file names.
+    """
+    fresh = {"step": 0, "tokens": 0, "groups": 0, "spent": 0.0, "cpu": 0.0, "curve": [], "heldout_curve": []}
+    path = _progress_path(run_dir)
+    if not path.exists():
+        return fresh
+    prog = json.loads(path.read_text())
+    ckpt = run_dir / "checkpoints" / f"step-{prog['step']:08d}"
+    if not ckpt.exists():
+        print(f"[equal-budget] {run_dir}: progress names step {prog['step']} but {ckpt} is gone; starting over", flush=True)
+        return fresh
+    trainer.load_checkpoint(ckpt)
+    prog.setdefault("resumed_at", []).append(prog["step"])
+    print(f"[equal-budget] resumed {run_dir} at step {prog['step']} ({prog['tokens']} tokens)", flush=True)
+    return prog
+
+
+def _save_progress(trainer: Any, run_dir: Path, prog: dict[str, Any]) -> None:
+    trainer.save_checkpoint(run_dir / "checkpoints")
+    tmp = _progress_path(run_dir).with_suffix(".tmp")
+    tmp.write_text(json.dumps(prog, default=float))
+    tmp.replace(_progress_path(run_dir))  # atomic, and only after the checkpoint it names exists
+
+
+def _curve_due(before: int, after: int, every: int) -> bool:
+    """True when the budget line crosses a multiple of ``every`` tokens between two steps."""
+    return every > 0 and after // every > before // every
+
+
+def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_id: str) -> dict[str, Any]:
+    """Train one job to the token budget, checkpointing every ``--checkpoint-every`` steps; the job's fields."""
+    run_dir = out / "rundirs" / system.name / f"seed{seed}"
+    spec, config = _config(system, seed, args, run_dir, out)
+    trainer = spec.trainer_cls(config)
+    prog = _resume(trainer, run_dir)
+    full = config.num_envs // trainer.algorithm.group_size
+    while prog["tokens"] < args.token_budget and trainer.global_step < args.max_steps:
+        t0, c0 = time.perf_counter(), time.process_time()
+        n = fit_groups(prog["tokens"], prog["groups"], args.token_budget, full)
+        m = trainer.train_step(n)
+        before = prog["tokens"]
+        prog["groups"] += n
+        prog["spent"] += time.perf_counter() - t0
+        prog["cpu"] += time.process_time() - c0
+        prog["tokens"] += int(m.get("rollout/tokens", 0))
+        prog["step"] = trainer.global_step
+        prog["curve"].append(_step_record(m, prog["tokens"], prog["spent"] / 60))
+        print(f"[equal-budget] {system.name} seed {seed} step {trainer.global_step}: reward {m.get('team/reward', float('nan')):.3f}, "
+              f"{prog['tokens']}/{args.token_budget} tokens, {prog['spent'] / 60:.1f} min", flush=True)
+        if _curve_due(before, prog["tokens"], args.curve_every_tokens) and prog["tokens"] < args.token_budget:
+            ev = _heldout(trainer.policy, env_id, args, n=args.curve_eval_n)
+            prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
+        if args.checkpoint_every and trainer.global_step % args.checkpoint_every == 0:
+            _save_progress(trainer, run_dir, prog)
+    if trainer.logger is not None:
+        trainer.logger.flush()
+    rec: dict[str, Any] = dict(
+        train_tokens=prog["tokens"], steps=trainer.global_step, train_groups=prog["groups"], train_minutes=prog["spent"] / 60,
+        train_cpu_minutes=prog["cpu"] / 60, curve=prog["curve"], resumed_at=prog.get("resumed_at"),
+        config={k: v for k, v in config.to_dict().items() if k in CONFIG_KEPT})
+    rec["eval"] = _heldout(trainer.policy, env_id, args)
+    if args.curve_every_tokens:  # the final point, on the curve's own problem set
+        ev = rec["eval"] if args.curve_eval_n >= args.eval_n else _heldout(trainer.policy, env_id, args, n=args.curve_eval_n)
+        prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
+    rec["heldout_curve"] = prog["heldout_curve"]
     return rec
 
 
@@ -309,15 +419,15 @@ def _job_path(out: Path, system: str, seed: int) -> Path:
 
 
 def queue(seeds: Sequence[int], systems: Sequence[str] | None = None) -> list[tuple[str, int]]:
-    """The job order: untrained systems and maj@k, then seed by seed the core trained systems, then MALT/ReMA.
+    """The job order: untrained systems and maj@k, then tier by tier (core, credit, MALT/ReMA) seed by seed the trained systems.
 
     Untrained systems are greedy (one job, seed 0); maj@k samples, one job per seed.
     """
     chosen = [s for s in SYSTEMS if systems is None or s.name in systems]
     jobs = [(s.name, seeds[0]) for s in chosen if not s.trained and not s.majority]
     jobs += [(s.name, k) for s in chosen if s.majority for k in seeds]
-    jobs += [(s.name, k) for k in seeds for s in chosen if s.trained and s.core]
-    jobs += [(s.name, k) for k in seeds for s in chosen if s.trained and not s.core]
+    for tier in sorted({s.tier for s in chosen}):
+        jobs += [(s.name, k) for k in seeds for s in chosen if s.trained and s.tier == tier]
     return jobs
 
 
@@ -460,6 +570,35 @@ def _row(s: System, recs: list[dict[str, Any]], args: argparse.Namespace) -> dic
     }
 
 
+def tokens_to_target(curve: Sequence[dict[str, Any]], target: float) -> float:
+    """Generated training tokens at the first held-out point with accuracy >= ``target`` (inf: never)."""
+    return next((float(p["tokens"]) for p in curve if p["accuracy"] >= target - 1e-12), float("inf"))
+
+
+def _target(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> float:
+    """``--target``, or the untrained solo agent's accuracy on the curve's problems."""
+    if args.target > 0:
+        return args.target
+    solo = runs.get("untrained-solo") or []
+    return float(np.mean(solo[0]["correct_per_problem"][: args.curve_eval_n])) if solo else float("nan")
+
+
+def _efficiency(runs: dict[str, list[dict[str, Any]]], target: float) -> list[dict[str, Any]]:
+    """Per trained system with held-out curves: tokens-to-target per seed and their median."""
+    rows = []
+    for s in SYSTEMS:
+        recs = [r for r in runs.get(s.name, []) if r.get("heldout_curve")]
+        if not s.trained or not recs:
+            continue
+        ttt = [tokens_to_target(r["heldout_curve"], target) for r in recs]
+        rows.append({"system": s.name, "target": f"{target:.3f}", "seeds": ",".join(str(r["seed"]) for r in recs),
+                     "tokens_to_target": " ".join("never" if t == float("inf") else str(int(t)) for t in ttt),
+                     "median": "never" if np.median(ttt) == float("inf") else int(np.median(ttt)),
+                     "reached": f"{sum(t < float('inf') for t in ttt)}/{len(ttt)}",
+                     "final_curve_accuracy": " ".join(f"{r['heldout_curve'][-1]['accuracy']:.3f}" for r in recs)})
+    return rows
+
+
 def _scores(rec: dict[str, Any]) -> list[float]:
     """A job's per-problem grader scores (jobs written before they were recorded: the 0/1 correctness)."""
     return rec["eval"].get("score_per_problem", rec["correct_per_problem"])
@@ -535,10 +674,12 @@ def _plot(out: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    curves = any(r.get("heldout_curve") for rs in runs.values() for r in rs)
+    fig, axes = plt.subplots(1, 3 if curves else 2, figsize=(18 if curves else 12, 4.2))
+    a1, a2 = axes[0], axes[1]
     colors = {}
     for i, s in enumerate(SYSTEMS):
-        colors[s.name] = f"C{i % 10}"
+        colors[s.name] = plt.cm.tab20(i % 20)
         for j, r in enumerate(runs.get(s.name, [])):
             if r["curve"]:
                 a1.plot([st["tokens_so_far"] for st in r["curve"]],  # the budget's unit: steps differ in size across systems
@@ -560,6 +701,19 @@ def _plot(out: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
     a2.set_ylabel("held-out accuracy (greedy)")
     a2.set_ylim(0, 1)
     a2.set_title("final accuracy (dots: seeds, bar: mean)")
+    if curves:  # held-out accuracy against generated training tokens: the sample-efficiency view
+        a3 = axes[2]
+        for s in SYSTEMS:
+            for j, r in enumerate(runs.get(s.name, [])):
+                pts = r.get("heldout_curve") or []
+                if pts:
+                    a3.plot([p["tokens"] for p in pts], [p["accuracy"] for p in pts], "o-", ms=3, alpha=0.8,
+                            color=colors[s.name], label=s.name if j == 0 else None)
+        a3.set_xlabel("generated training tokens")
+        a3.set_ylabel("held-out accuracy (curve problems, greedy)")
+        a3.set_ylim(0, 1)
+        a3.set_title("held-out accuracy during training")
+        a3.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "equal_budget.png", dpi=110)
     plt.close(fig)
@@ -593,6 +747,11 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
         + "\n\n## Per-agent view (training metrics, first step -> last step, mean over seeds)\n\n"
         + (markdown_table(agents, agent_cols) if agents else "no trained run yet") + "\n"
     )
+    efficiency = _efficiency(runs, _target(runs, args))
+    if efficiency:
+        text += (f"\n## Sample efficiency: generated training tokens until held-out accuracy (first {args.curve_eval_n} test problems, "
+                 f"greedy, every {args.curve_every_tokens} tokens) first reaches the target\n\n"
+                 + markdown_table(efficiency, ["system", "target", "seeds", "tokens_to_target", "median", "reached", "final_curve_accuracy"]) + "\n")
     score_diffs = _diffs(runs, args.bootstrap, _scores) if _graded_beyond_correctness(runs) else []
     if score_diffs:  # e.g. RAG, where exact match is near 0 and answer F1 carries the signal
         means = [{"system": s.name, "mean_score": float(np.mean([np.mean(_scores(r)) for r in runs[s.name]]))} for s in SYSTEMS if runs[s.name]]
@@ -600,7 +759,7 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
                  + markdown_table(means, ["system", "mean_score"]) + "\n\n" + markdown_table(score_diffs, DIFF_COLUMNS) + "\n")
     (out / "equal_budget.md").write_text(text)
     write_csv(out / "equal_budget.csv", rows, TABLE_COLUMNS)
-    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents,
+    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents, "efficiency": efficiency,
                                            "versions": meta, "settings": {k: v for k, v in vars(args).items() if k != "job"}})
     _plot(out, runs)
     return text
@@ -633,6 +792,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads per job")
     p.add_argument("--systems", default="", help="comma-separated subset of systems (default all): " + ",".join(BY_NAME))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override of every trained system")
+    p.add_argument("--checkpoint-every", type=int, default=1,
+                   help="checkpoint a trained job every N steps (0: never); a re-run continues an unfinished job from its last one")
+    p.add_argument("--curve-every-tokens", type=int, default=0,
+                   help="held-out accuracy every N generated training tokens (0: off): the tokens-to-target table")
+    p.add_argument("--curve-eval-n", type=int, default=50, help="held-out problems of each curve point (test indices 0..n-1)")
+    p.add_argument("--target", type=float, default=0.0,
+                   help="tokens-to-target level: held-out accuracy a run must reach (0: the untrained solo agent's accuracy)")
+    p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="`marft sft` setting of the warm systems")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the JSONs in --out (pass the run's flags)")
     p.add_argument("--job", default="", help=argparse.SUPPRESS)  # SYSTEM:SEED, run by the queue
     p.add_argument("--out", default="runs/equal_budget")

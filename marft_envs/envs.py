@@ -27,6 +27,8 @@ game-matrix-v0         player_0, player_1 (general-sum)         matrix game
 dialogue-doctor-v0     doctor (scripted patient outside team)   procedural cases
 arith-calc-duo-v0      reasoner -> actor (calculator tool)      arith (train)
 gsm8k-calc-duo-v0      reasoner -> actor (calculator tool)      GSM8K (train)
+{arith,gsm8k}-calc-    actor (calculator tool): the solo        as the calc duo
+solo-v0                baseline of the calc duo
 rag-solo-v0            generator (search tool)                  procedural KB (offline)
 rag-quartet-v0         rewriter -> selector -> filter ->        as above; ``dataset=``
                        generator (chain; selector searches)     ``hotpotqa`` / ``nq``
@@ -295,7 +297,8 @@ __all__ += ["GAME_ENV_IDS"]
 # ------------------------------------------------------------ tools and RAG
 # Tool-using teams and the RAG family (marft_envs.tools, marft_envs.tasks.rag).
 #: Ids registered by this block.
-TOOL_ENV_IDS: tuple[str, ...] = ("arith-calc-duo-v0", "gsm8k-calc-duo-v0", "rag-solo-v0", "rag-quartet-v0")
+TOOL_ENV_IDS: tuple[str, ...] = ("arith-calc-duo-v0", "gsm8k-calc-duo-v0", "arith-calc-solo-v0", "gsm8k-calc-solo-v0",
+                                  "rag-solo-v0", "rag-quartet-v0")
 _RAG_TASK = "marft_envs.tasks.rag:RAGTask"
 # RAG: reward = the answer score (``partial``: 1 for an exact match, else half the best answer F1
 # divided by the answers listed, so hedging never pays; EM is `correct`), minus small costs.
@@ -329,6 +332,19 @@ builtin(
     _ENTRY,
     kwargs={"task": "gsm8k", "profiles": "calc_duo", "split": "train", "tool_config": _CALC_TOOLS},
     description="GSM8K grade-school math; reasoner -> actor with a calculator tool",
+)
+# the solo baselines of the calc duos (the equal-budget tool task compares team and solo with the same tool)
+builtin(
+    "arith-calc-solo-v0",
+    _ENTRY,
+    kwargs={"task": "arith", "profiles": "calc_solo", "tool_config": _CALC_TOOLS},
+    description="procedural integer arithmetic, offline; one actor with a calculator tool",
+)
+builtin(
+    "gsm8k-calc-solo-v0",
+    _ENTRY,
+    kwargs={"task": "gsm8k", "profiles": "calc_solo", "split": "train", "tool_config": _CALC_TOOLS},
+    description="GSM8K grade-school math; one actor with a calculator tool",
 )
 for _team, _what in (("solo", "generator with the search tool"),
                      ("quartet", "rewriter -> selector (search tool) -> filter -> generator")):

@@ -418,7 +418,12 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     assert q[2:5] == [("solo-majk", 0), ("solo-majk", 1), ("solo-majk", 2)]
     core = ["solo-grpo", "duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo"]
     assert q[5:20] == [(s, k) for k in (0, 1, 2) for s in core]
-    assert {s for s, _ in q[20:]} == {"malt-grpo", "rema-grpo"}
+    credit = [s.name for s in eb.SYSTEMS if s.tier == 1]
+    assert len(credit) == 7 and q[20:41] == [(s, k) for k in (0, 1, 2) for s in credit]
+    assert {s for s, _ in q[41:]} == {"malt-grpo", "rema-grpo"}
+    # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
+    assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME)
+    assert ("duo-grpo-branch", "duo-grpo") in eb.COMPARISONS and ("duo-marft-action-branch-warm", "duo-marft-action-branch") in eb.COMPARISONS
     assert eb.grad_spikes([1.0, 1.0, 1.0, 3.5, float("nan")]) == 1 and eb.grad_spikes([0.0, 0.0]) == 0
 
 
@@ -493,6 +498,38 @@ def test_equal_budget_majk_plays_the_same_problems_when_eval_n_exceeds_the_split
     n = [len(json.loads((out / "runs" / s / "seed0.json").read_text())["correct_per_problem"])
          for s in ("untrained-solo", "untrained-duo", "solo-majk")]
     assert n == [24, 24, 24]  # the test split of this level has 24 problems
+
+
+def test_equal_budget_tokens_to_target(eb: ModuleType) -> None:
+    """The first curve point at or above the target; never reached is inf."""
+    curve = [{"tokens": 500, "accuracy": 0.2}, {"tokens": 1000, "accuracy": 0.5}, {"tokens": 1500, "accuracy": 0.4}, {"tokens": 2000, "accuracy": 0.7}]
+    assert eb.tokens_to_target(curve, 0.5) == 1000 and eb.tokens_to_target(curve, 0.6) == 2000
+    assert eb.tokens_to_target(curve, 0.8) == float("inf") and eb.tokens_to_target([], 0.1) == float("inf")
+
+
+def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleType, tmp_path: Path) -> None:
+    """A job stopped after its first step continues from that step's checkpoint (not from zero) and ends where
+    an uninterrupted job ends: same steps, same tokens, same per-step rewards, same held-out result."""
+    out = tmp_path / "eb"
+    base = ["--model", "tiny-random", "--eval-n", "3", "--seeds", "0", "--jobs", "0", "--set", "num_envs=2", "--group-size", "2",
+            "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-grpo", "--curve-every-tokens", "8", "--curve-eval-n", "2"]
+    assert eb.main([*base, "--token-budget", "24", "--out", str(tmp_path / "whole")]) == 0
+    whole = json.loads((tmp_path / "whole" / "runs" / "duo-grpo" / "seed0.json").read_text())
+    assert whole["steps"] >= 2, "the budget must take several steps for this test to mean anything"
+    # the same job stopped after step 1: --max-steps 1 plays the interruption, the progress file stays behind
+    assert eb.main([*base, "--token-budget", "24", "--max-steps", "1", "--out", str(out)]) == 0
+    prog = json.loads((out / "rundirs" / "duo-grpo" / "seed0" / "progress.json").read_text())
+    assert prog["step"] == 1 and (out / "rundirs" / "duo-grpo" / "seed0" / "checkpoints" / "step-00000001").is_dir()
+    (out / "runs" / "duo-grpo" / "seed0.json").unlink()  # as if the job had died before writing its result
+    assert eb.main([*base, "--token-budget", "24", "--out", str(out)]) == 0
+    resumed = json.loads((out / "runs" / "duo-grpo" / "seed0.json").read_text())
+    assert resumed["resumed_at"] == [1]
+    assert (resumed["steps"], resumed["train_tokens"]) == (whole["steps"], whole["train_tokens"])
+    assert [c["team/reward"] for c in resumed["curve"]] == [c["team/reward"] for c in whole["curve"]]
+    assert resumed["correct_per_problem"] == whole["correct_per_problem"]
+    assert [p["tokens"] for p in resumed["heldout_curve"]] == [p["tokens"] for p in whole["heldout_curve"]]
+    text = (out / "equal_budget.md").read_text()
+    assert "Sample efficiency" in text and "duo-grpo" in text
 
 
 def test_equal_budget_fits_the_last_step_to_the_budget(eb: ModuleType) -> None:
