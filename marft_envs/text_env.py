@@ -90,7 +90,9 @@ JSON path or a profile list), ``horizon`` (1), ``feedback`` (False),
 ``reward`` (dict of weights, see :class:`~marft_envs.rewards.RewardConfig`),
 ``max_action_chars`` (4096), ``render_mode`` (``"human"`` | ``"ansi"`` | None),
 ``tool_config`` (dict, see :class:`~marft_envs.tools.ToolConfig`),
-``task_kwargs`` and any other keyword (``split``, ``data_dir``, ``digits``, ...)
+``handoff`` (what an agent sees of a teammate's action, per edge: ``"full"``, the default,
+``"answer"``, ``"record"``, ``"module:function"``, a callable or a dict per edge; see
+:mod:`marft_envs.handoff`), ``task_kwargs`` and any other keyword (``split``, ``data_dir``, ``digits``, ...)
 go to the task's constructor.
 
 Version history: v0: initial release.
@@ -109,6 +111,7 @@ from typing import Any
 import numpy as np
 
 from marft_envs.aec import ResetNeededError, TextAECEnv, check_problem_index, sanitize_action
+from marft_envs.handoff import Handoff, resolve_handoff
 from marft_envs.profiles import Team
 from marft_envs.registration import EnvArgumentError, accepted_arguments, check_arguments
 from marft_envs.rewards import RewardConfig
@@ -228,6 +231,7 @@ class TextTeamEnv(TextAECEnv):
         render_mode: str | None = None,
         task_kwargs: Mapping[str, Any] | None = None,
         tool_config: Mapping[str, Any] | Any = None,
+        handoff: Any = "full",
         **task_options: Any,
     ):
         super().__init__()
@@ -249,6 +253,8 @@ class TextTeamEnv(TextAECEnv):
 
         # Tool calling (marft_envs.tools): the profiles' tools, budgets, parser; inert without tools.
         self.tool_loop = ToolLoop(self.team, tool_config)
+        # What an agent sees of its teammates' actions, per edge (marft_envs.handoff; "full" = as written).
+        self.handoff: Handoff = resolve_handoff(handoff, self.team.agents)
 
         n = len(self.team.agents)
         # A multi-hop topology may schedule more actions per turn than there are agents.
@@ -317,6 +323,12 @@ class TextTeamEnv(TextAECEnv):
         parents = set(self.team.topology.parents(agent, executed))
         return [(a, x) for a, x in executed if a == agent or a in parents]
 
+    def _shown(self, source: str, target: str, text: str) -> str:
+        """What ``target`` sees of ``source``'s action ``text``: the edge's hand-off (default: as written)."""
+        if self.handoff.is_full:
+            return text
+        return self.handoff(text, source=source, target=target, problem=self.problem)
+
     def _is_reset(self) -> bool:
         """Whether ``reset()`` drew a problem."""
         return self.problem is not None
@@ -327,7 +339,7 @@ class TextTeamEnv(TextAECEnv):
         profile = self.team.profiles[agent]
         parts = [f"Problem:\n{self.problem.question}"]
         for t, past in enumerate(self._history):
-            lines = [f"[{a}]: {x}" for a, x in self._visible(agent, past)]
+            lines = [f"[{a}]: {self._shown(a, agent, x)}" for a, x in self._visible(agent, past)]
             if t < len(self._feedback_lines) and self._feedback_lines[t]:
                 lines.append(self._feedback_lines[t])
             if lines:
@@ -341,7 +353,7 @@ class TextTeamEnv(TextAECEnv):
             acted = dict(self._executed)
             visible = [(p, acted[p]) for p in parents if p in acted]
         if visible:
-            shown = "\n\n".join(f"[{a}]: {x}" for a, x in visible)
+            shown = "\n\n".join(f"[{a}]: {self._shown(a, agent, x)}" for a, x in visible)
             own = any(a == agent for a, _ in visible)
             header = ("The team's exchange so far" if own else "Your teammates' responses") + (
                 " in this turn" if self._history else "")
