@@ -47,7 +47,9 @@ literally) and flagged ``special_tokens_in_action``: it may be a forged turn.
 problem) -> GradeResult`` to grade the whole turn instead of the answering
 agent's text alone (used by :class:`~marft_envs.tasks.echo.EchoTask`), and
 ``view_context(agent, executed, problem, parents) -> str | None`` to add a
-section to an agent's view (the retrieved documents of :mod:`marft_envs.tasks.rag`).
+section to an agent's view (the retrieved documents of :mod:`marft_envs.tasks.rag`),
+and ``demo_action(env, agent) -> str | None``, a scripted demonstration of a good action
+(:meth:`TextTeamEnv.demo_action`; used by ``marft sft --demos scripted``).
 
 **Tools.** Agents whose profile lists ``tools`` may call them (see
 :mod:`marft_envs.tools` and the tool-calling page): a reply with a call runs it,
@@ -406,6 +408,19 @@ class TextTeamEnv(TextAECEnv):
         """``agent``'s tool schemas in the transformers function-calling form (for
         ``apply_chat_template(tools=...)``); ``[]`` for an agent without tools."""
         return self.tool_loop.schemas(agent)
+
+    def demo_action(self, agent: str | None = None) -> str | None:
+        """A demonstration of a good action for ``agent`` (default: the agent to act), from
+        the task's scripted policy (``task.demo_action(env, agent)``), or None when the task
+        has none. What SFT warm starts train on (``marft sft --demos scripted``, docs/sft.md):
+        e.g. a correct calculator call, then the boxed result."""
+        self._require_reset("demo_action()")
+        agent = agent if agent is not None else self.agent_selection
+        hook = getattr(self.task, "demo_action", None)
+        if not callable(hook):
+            return None
+        text = hook(self, agent)
+        return text if isinstance(text, str) else None
 
     # -------------------------------------------------------------------- step
     def _next_agent(self) -> str:
