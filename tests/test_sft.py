@@ -184,3 +184,24 @@ def test_cli_sft_then_train_init(tmp_path, capsys):
     assert "no scripted" in capsys.readouterr().err
     assert main(["sft", "--env", "echo-duo-v0", "--demos", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "y")]) == 2
     assert main(["sft", "--env", "echo-duo-v0", "--epochs", "two", "--out", str(tmp_path / "z")]) == 2
+
+
+def test_warmstart_benchmark_runs_on_the_tiny_model(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sft_warmstart.py"
+    spec = importlib.util.spec_from_file_location("_bench_sft_warmstart", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench"
+    assert bench.main(["--model", "tiny-random", "--envs", "arith-calc-duo-v0", "--eval-n", "2", "--num-demos", "2",
+                       "--epochs", "1", "--steps", "1", "--num-envs", "2", "--group-size", "2", "--max-new-tokens", "4",
+                       "--eval-batch", "2", "--out", str(out)]) == 0
+    data = json.loads((out / "sft_warmstart.json").read_text())
+    assert [r["system"] for r in data["rows"]] == ["base", "sft", "sft + rl"]
+    for row in data["rows"]:
+        assert row["problems"] == 2 and 0.0 <= row["acc_lo"] <= row["accuracy"] <= row["acc_hi"] <= 1.0
+        assert 0.0 <= row["tool_lo"] <= row["tool_rate"] <= row["tool_hi"] <= 1.0
+    assert [d["difference"] for d in data["diffs"]] == ["sft - base", "sft + rl - sft"]
+    assert (out / "arith-calc-duo-v0" / "sft" / "sft.json").is_file() and (out / "sft_warmstart.md").is_file()
