@@ -4,6 +4,8 @@
     marft train ... --resume                      # continue the run in --out from its latest checkpoint
     marft train ... --config cfg.json --set group_size=8 --set sampling_overrides.actor.temperature=0.7
     marft eval  --env gsm8k-duo-v0 --checkpoint runs/duo-grpo --split test --n 200
+    marft sft   --env arith-calc-duo-v0 --demos scripted --out runs/calc-sft      # docs/sft.md
+    marft train --env arith-calc-duo-v0 --init runs/calc-sft --out runs/calc-sft-rl
     marft list-envs | list-algos
     marft leaderboard --suite arith --limit 200 --checkpoint duo-grpo=runs/duo-grpo --out runs/leaderboard
     marft quickstart [--out runs/quickstart] [--minutes 6]
@@ -35,7 +37,7 @@ from typing import Any
 __all__ = ["main", "build_parser", "build_config"]
 
 # Flags with a short name mapped onto config fields.
-_ALIASES = {"env": "env_id", "out": "out_dir", "model": "model", "steps": "steps", "seed": "seed"}
+_ALIASES = {"env": "env_id", "out": "out_dir", "model": "model", "steps": "steps", "seed": "seed", "init": "init_from"}
 
 
 class CLIError(Exception):
@@ -64,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arguments(t, algo="grpo")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     t.add_argument("--config", help="JSON file with config settings")
+
+    t.add_argument("--init", default=None, metavar="RUN",
+                   help="start from the weights of RUN (a `marft sft` run dir, a run or checkpoint dir); config field init_from")
+
+    s = sub.add_parser("sft", help="per-role SFT warm start on demonstrations (docs/sft.md); then train --init RUN")
+    _add_sft_arguments(s)
 
     e = sub.add_parser("eval", help="evaluate a team on held-out problems")
     e.add_argument("--env", help="environment id (default: the checkpoint's)")
@@ -129,6 +137,69 @@ def _add_run_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None
     parser.add_argument("--seed", type=int, default=d["seed"], help="random seed" + shown("seed"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config setting (repeatable; dotted keys go into dict settings)")
+
+
+#: ``marft sft`` flags whose names differ from their SFTConfig fields
+_SFT_FLAGS = {"env_id": "--env", "out_dir": "--out"}
+
+
+def _add_sft_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`~marft_algos.sft.SFTConfig` field (``--env``, ``--demos``, ``--out``, ...)."""
+    from marft_algos.sft import SFTConfig
+
+    for f in dataclasses.fields(SFTConfig):
+        flag = _SFT_FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
+        parser.add_argument(flag, dest=f"sft_{f.name}", default=None, metavar="VALUE", help=f.metadata.get("help", ""))
+
+
+def _sft_config(args: argparse.Namespace) -> Any:
+    """The :class:`~marft_algos.sft.SFTConfig` of ``marft sft``'s flags (values parsed as JSON
+    where they are numbers, booleans, lists or dicts; ``--roles a,b`` also works)."""
+    from marft_algos.sft import SFTConfig
+
+    data: dict[str, Any] = {}
+    for f in dataclasses.fields(SFTConfig):
+        raw = getattr(args, f"sft_{f.name}", None)
+        if raw is None:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if default is None or isinstance(default, str) or (f.name == "roles" and not raw.lstrip().startswith("[")):
+            data[f.name] = raw  # text (roles: "a,b", split by SFTConfig)
+            continue
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            _die(f"{_SFT_FLAGS.get(f.name, '--' + f.name.replace('_', '-'))} {raw!r}: expected {type(default).__name__} (JSON)")
+        if type(value) is not type(default) and not (isinstance(default, float) and type(value) is int):
+            _die(f"{_SFT_FLAGS.get(f.name, '--' + f.name.replace('_', '-'))} {raw!r}: expected {type(default).__name__}")
+        data[f.name] = value
+    return SFTConfig(**data)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """``marft sft``: train each role's adapter on demonstrations and write a run dir for
+    ``marft train --init`` (a new or empty ``--out``)."""
+    from marft_algos.rundir import RunDirLock, check_new_run_dir
+    from marft_algos.sft import run_sft
+
+    config = _sft_config(args)
+    if not config.out_dir:
+        _die("sft needs --out (the run directory to write; then marft train --init DIR)")
+    _check_env(config.env_id)
+    _check_device(config.device)
+    if config.demos != "scripted" and not Path(config.demos).is_file():
+        _die(f"--demos {config.demos!r}: no such file (give a JSONL file of per-role chat turns, or 'scripted')")
+    out = Path(config.out_dir)
+    check_new_run_dir(out)
+    with RunDirLock(out):
+        try:
+            result = run_sft(config)
+        except ValueError as e:  # no demonstrations, a bad JSONL line: the user's input
+            _die(str(e))
+    print(f"done: sft of {', '.join(f'{r} ({k} demos)' for r, k in result.demos.items())}, loss "
+          + ", ".join(f"{r} {result.first_loss[r]:.3f} -> {v[-1]:.3f}" for r, v in result.losses.items())
+          + f"; start RL with: marft train --env {config.env_id} --init {out} --model {config.model}")
+    return 0
 
 
 def _config_flag_parser(config_cls: type) -> argparse.ArgumentParser:
@@ -581,6 +652,8 @@ def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace, extr
             return cmd_train(args, extra)
         if args.command == "eval":
             return cmd_eval(args)
+        if args.command == "sft":
+            return cmd_sft(args)
         if args.command == "list-envs":
             return cmd_list_envs(args.imports)
         if args.command == "list-algos":

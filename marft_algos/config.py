@@ -235,6 +235,7 @@ class TrainConfig:
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout; must be 0 for training (log-probs are computed without dropout, like the sampled ones)."})
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu', 'cuda', 'cuda:1', ..."})
     dtype: str | None = field(default=None, metadata={"help": "Compute dtype: None (fp32 on CPU, bf16 autocast on GPU), 'bf16', 'fp16' or 'fp32'. Parameters stay fp32 (master weights); fp16 adds dynamic loss scaling (init_loss_scale)."})
+    init_from: str | None = field(default=None, metadata={"help": "Start from the adapters (or full weights) of another run: a `marft sft` run dir (docs/sft.md), a run dir or a checkpoint dir; the model, mode and LoRA shape must match. None: fresh adapters."})
     activation_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward pass instead of storing its activations: a training step's memory stops growing with tokens x layers (about one more forward of cost; training forwards then skip prefix sharing)."})
     release_freed_memory: bool = field(default=False, metadata={"help": "CPU/glibc: pin malloc's mmap and trim thresholds at 128 KiB so memory freed between the phases of a step goes back to the OS (lower peak RSS, slower steps; process-wide; see marft_algos.memory)."})
     max_context: int = field(default=2048, metadata={"help": "Max prompt+response tokens; longer prompts are counted (rollout/overlong) and not trained on."})

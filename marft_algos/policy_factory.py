@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from marft_algos.config import ConfigError, TrainConfig
 
-__all__ = ["check_frozen_apart", "check_policy", "make_policy", "shard_policy"]
+__all__ = ["check_frozen_apart", "check_policy", "load_init", "make_policy", "shard_policy"]
 
 
-def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
-    """Build a ``TeamPolicy`` for ``agents`` from a config (model, mode, LoRA, device, dtype, engine)."""
+def make_policy(config: TrainConfig, agents: Sequence[str], *, init: bool = True) -> Any:
+    """Build a ``TeamPolicy`` for ``agents`` from a config (model, mode, LoRA, device, dtype, engine).
+
+    With ``config.init_from`` (and ``init``) its weights start from that run's
+    (:func:`load_init`): RL after an SFT warm start. A loader about to load a checkpoint of
+    its own passes ``init=False``."""
     from marft_algos.engines import (
         get_engine,  # the models and engines load torch models: import when a policy is built
     )
@@ -29,9 +35,48 @@ def make_policy(config: TrainConfig, agents: Sequence[str]) -> Any:
     if config.activation_checkpointing:
         kwargs["activation_checkpointing"] = True
     policy = TeamPolicy(list(agents), **kwargs)
+    if init and config.init_from:
+        load_init(policy, config.init_from, config)
     if config.engine != "hf" or config.engine_options:  # the policy starts on the built-in engine
         policy.engine = get_engine(config.engine)(policy, **config.engine_options)
     return policy
+
+
+def load_init(policy: Any, source: str, config: TrainConfig | None = None) -> Path:
+    """Load the weights of ``source`` (a run dir, a checkpoint dir or a ``TeamPolicy.save``
+    dir) into ``policy``; returns the policy dir read. A :class:`ConfigError` says what does
+    not match (no weights there, another base model, mode, LoRA rank or team)."""
+    from marft_algos.checkpoint import CheckpointError, find_checkpoint
+
+    path = Path(source)
+    if (path / "policy.json").is_file():
+        pdir = path
+    else:
+        try:
+            pdir = find_checkpoint(path) / "policy"
+        except CheckpointError as e:
+            raise ConfigError(f"init_from={source!r}: no weights to start from ({e}); give a `marft sft` run dir, "
+                              "a run dir with a checkpoint or a checkpoint dir") from None
+    meta = json.loads((pdir / "policy.json").read_text())
+    problems = []
+    if meta.get("mode") != policy.mode:
+        problems.append(f"mode {meta.get('mode')!r} there, {policy.mode!r} here")
+    missing = [r for r in policy.roles if r not in meta.get("roles", [])]
+    if missing:
+        problems.append(f"no weights for the roles {missing} (it has {meta.get('roles')})")
+    bases = meta.get("bases") or {}
+    other = sorted({f"{bases[r]!r} there, {policy.loaded_base(r).name!r} here" for r in policy.roles
+                    if r in bases and bases[r] != policy.loaded_base(r).name})
+    if other:
+        problems.append("another base model: " + "; ".join(other))
+    lora = meta.get("lora") or {}
+    if policy.mode != "full" and (lora.get("r"), lora.get("alpha")) != (policy.lora.r, policy.lora.alpha):
+        problems.append(f"LoRA r={lora.get('r')}, alpha={lora.get('alpha')} there, r={policy.lora.r}, "
+                        f"alpha={policy.lora.alpha} here (set lora_r / lora_alpha to match)")
+    if problems:
+        raise ConfigError(f"init_from={source!r} does not fit this run: " + "; ".join(problems))
+    policy.load(pdir)
+    return pdir
 
 
 def check_policy(config: TrainConfig, policy: Any, agents: Sequence[str], *, reference: bool) -> None:

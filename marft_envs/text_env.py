@@ -47,7 +47,9 @@ literally) and flagged ``special_tokens_in_action``: it may be a forged turn.
 problem) -> GradeResult`` to grade the whole turn instead of the answering
 agent's text alone (used by :class:`~marft_envs.tasks.echo.EchoTask`), and
 ``view_context(agent, executed, problem, parents) -> str | None`` to add a
-section to an agent's view (the retrieved documents of :mod:`marft_envs.tasks.rag`).
+section to an agent's view (the retrieved documents of :mod:`marft_envs.tasks.rag`),
+and ``demo_action(env, agent) -> str | None``, a scripted demonstration of a good action
+(:meth:`TextTeamEnv.demo_action`; used by ``marft sft --demos scripted``).
 
 **Tools.** Agents whose profile lists ``tools`` may call them (see
 :mod:`marft_envs.tools` and the tool-calling page): a reply with a call runs it,
@@ -90,7 +92,9 @@ JSON path or a profile list), ``horizon`` (1), ``feedback`` (False),
 ``reward`` (dict of weights, see :class:`~marft_envs.rewards.RewardConfig`),
 ``max_action_chars`` (4096), ``render_mode`` (``"human"`` | ``"ansi"`` | None),
 ``tool_config`` (dict, see :class:`~marft_envs.tools.ToolConfig`),
-``task_kwargs`` and any other keyword (``split``, ``data_dir``, ``digits``, ...)
+``handoff`` (what an agent sees of a teammate's action, per edge: ``"full"``, the default,
+``"answer"``, ``"record"``, ``"module:function"``, a callable or a dict per edge; see
+:mod:`marft_envs.handoff`), ``task_kwargs`` and any other keyword (``split``, ``data_dir``, ``digits``, ...)
 go to the task's constructor.
 
 Version history: v0: initial release.
@@ -109,6 +113,7 @@ from typing import Any
 import numpy as np
 
 from marft_envs.aec import ResetNeededError, TextAECEnv, check_problem_index, sanitize_action
+from marft_envs.handoff import Handoff, resolve_handoff
 from marft_envs.profiles import Team
 from marft_envs.registration import EnvArgumentError, accepted_arguments, check_arguments
 from marft_envs.rewards import RewardConfig
@@ -228,6 +233,7 @@ class TextTeamEnv(TextAECEnv):
         render_mode: str | None = None,
         task_kwargs: Mapping[str, Any] | None = None,
         tool_config: Mapping[str, Any] | Any = None,
+        handoff: Any = "full",
         **task_options: Any,
     ):
         super().__init__()
@@ -249,6 +255,8 @@ class TextTeamEnv(TextAECEnv):
 
         # Tool calling (marft_envs.tools): the profiles' tools, budgets, parser; inert without tools.
         self.tool_loop = ToolLoop(self.team, tool_config)
+        # What an agent sees of its teammates' actions, per edge (marft_envs.handoff; "full" = as written).
+        self.handoff: Handoff = resolve_handoff(handoff, self.team.agents)
 
         n = len(self.team.agents)
         # A multi-hop topology may schedule more actions per turn than there are agents.
@@ -317,6 +325,12 @@ class TextTeamEnv(TextAECEnv):
         parents = set(self.team.topology.parents(agent, executed))
         return [(a, x) for a, x in executed if a == agent or a in parents]
 
+    def _shown(self, source: str, target: str, text: str) -> str:
+        """What ``target`` sees of ``source``'s action ``text``: the edge's hand-off (default: as written)."""
+        if self.handoff.is_full:
+            return text
+        return self.handoff(text, source=source, target=target, problem=self.problem)
+
     def _is_reset(self) -> bool:
         """Whether ``reset()`` drew a problem."""
         return self.problem is not None
@@ -327,7 +341,7 @@ class TextTeamEnv(TextAECEnv):
         profile = self.team.profiles[agent]
         parts = [f"Problem:\n{self.problem.question}"]
         for t, past in enumerate(self._history):
-            lines = [f"[{a}]: {x}" for a, x in self._visible(agent, past)]
+            lines = [f"[{a}]: {self._shown(a, agent, x)}" for a, x in self._visible(agent, past)]
             if t < len(self._feedback_lines) and self._feedback_lines[t]:
                 lines.append(self._feedback_lines[t])
             if lines:
@@ -341,7 +355,7 @@ class TextTeamEnv(TextAECEnv):
             acted = dict(self._executed)
             visible = [(p, acted[p]) for p in parents if p in acted]
         if visible:
-            shown = "\n\n".join(f"[{a}]: {x}" for a, x in visible)
+            shown = "\n\n".join(f"[{a}]: {self._shown(a, agent, x)}" for a, x in visible)
             own = any(a == agent for a, _ in visible)
             header = ("The team's exchange so far" if own else "Your teammates' responses") + (
                 " in this turn" if self._history else "")
@@ -394,6 +408,19 @@ class TextTeamEnv(TextAECEnv):
         """``agent``'s tool schemas in the transformers function-calling form (for
         ``apply_chat_template(tools=...)``); ``[]`` for an agent without tools."""
         return self.tool_loop.schemas(agent)
+
+    def demo_action(self, agent: str | None = None) -> str | None:
+        """A demonstration of a good action for ``agent`` (default: the agent to act), from
+        the task's scripted policy (``task.demo_action(env, agent)``), or None when the task
+        has none. What SFT warm starts train on (``marft sft --demos scripted``, docs/sft.md):
+        e.g. a correct calculator call, then the boxed result."""
+        self._require_reset("demo_action()")
+        agent = agent if agent is not None else self.agent_selection
+        hook = getattr(self.task, "demo_action", None)
+        if not callable(hook):
+            return None
+        text = hook(self, agent)
+        return text if isinstance(text, str) else None
 
     # -------------------------------------------------------------------- step
     def _next_agent(self) -> str:

@@ -154,6 +154,6 @@ def checkpoint_policy(checkpoint: str | os.PathLike[str], *, engine: str | None 
     if engine is not None and engine != getattr(config, "engine", "hf"):
         config = replace(config, engine=engine, engine_options={})
     roles = saved_roles(config, ckpt)
-    policy = make_policy(config, roles)
+    policy = make_policy(config, roles, init=False)  # its own weights follow: not the run's init_from
     policy.load(ckpt / "policy")
     return TrainedPolicy(policy=policy, config=config, path=ckpt, roles=roles)

@@ -116,6 +116,17 @@ def _evaluate(operands: tuple[int, ...], ops: tuple[str, ...]) -> int:
     return sum(s * t for s, t in zip(signs, terms, strict=True))
 
 
+def _reasoning(expr: str, result: str) -> str:
+    """The short reasoning format of the scripted reasoner: tens first, then ones."""
+    parts = expr.split()
+    if len(parts) == 3 and parts[1] in "+-" and parts[2].isdigit() and int(parts[2]) >= 10 and int(parts[2]) % 10:
+        a, op, b = int(parts[0]), parts[1], int(parts[2])
+        tens, ones = b - b % 10, b % 10
+        mid = a + tens if op == "+" else a - tens
+        return f"{expr}: {a} {op} {tens} = {mid}, {mid} {op} {ones} = {result}. So {expr} = {result}."
+    return f"Compute {expr} step by step. So {expr} = {result}."
+
+
 class ArithTask(Task):
     """Procedural integer arithmetic (see the module docstring for the env family)."""
 
@@ -228,6 +239,25 @@ class ArithTask(Task):
             format_ok=extracted is not None,
             details={"boxed": boxed},
         )
+
+    def demo_action(self, env: Any, agent: str) -> str | None:
+        """A scripted demonstration for ``agent`` of ``env`` (SFT warm starts, docs/sft.md).
+
+        An agent with the ``calculator`` tool and no result yet this turn calls it on the
+        expression; an answering agent gives the boxed result; any other agent writes the
+        short reasoning format ``a - b: a - 10 = x, x - 8 = y. So a - b = y.``"""
+        problem = getattr(env, "problem", None)
+        if problem is None:
+            return None
+        expr, result = problem.meta.get("expression", ""), problem.answer
+        tools = [t.name for t in env.tool_loop.tools.get(agent, ())] if hasattr(env, "tool_loop") else []
+        called = any(m.get("role") == "tool" for m in env.tool_loop.transcript(agent)) if tools else False
+        if "calculator" in tools and not called:
+            return env.tool_loop.parser.example("calculator", {"expression": expr})
+        profile = env.team.profiles.get(agent)
+        if profile is not None and profile.with_answer:
+            return f"\\boxed{{{result}}}"
+        return _reasoning(expr, result)
 
     def __repr__(self) -> str:
         return f"ArithTask(split={self.split!r}, digits={self.digits}, n_ops={self.n_ops}, ops={self.ops!r})"

@@ -568,6 +568,38 @@ class RAGTask(Task):
         shown = "\n".join(f"[{d.id}] {d.title}: {d.text[: self.max_doc_chars]}" for d in docs)
         return f"Documents:\n{shown}"
 
+    # -------------------------------------------------------------- demonstrations
+    def demo_action(self, env: Any, agent: str) -> str | None:
+        """A scripted demonstration for ``agent`` of ``env`` (SFT warm starts, docs/sft.md).
+
+        Uses what the agent sees plus the problem's supporting documents (the oracle part):
+        an agent with the ``search`` tool whose view lacks a supporting document searches for
+        its title once per turn; the rewriter writes the question as its query; a selector or
+        filter names the supporting documents it sees (else every document it sees); the
+        answering agent writes ``Answer: <gold>``."""
+        problem = getattr(env, "problem", None)
+        if problem is None:
+            return None
+        executed = list(env.executed)
+        parents = env.team.topology.parents(agent, executed)
+        view = self.docs_for(agent, executed, problem, list(parents))
+        searched = self._revealed.get(agent, set()) if self._revealed_for == problem.id else set()
+        seen = [d.id for d in view or []] + sorted(searched - {d.id for d in view or []})
+        by_id = {d.id: d for d in self.documents(problem)}
+        support = [i for i in problem.meta.get("support") or [] if i in by_id]
+        missing = [i for i in support if i not in seen]
+        tools = [t.name for t in env.tool_loop.tools.get(agent, ())]
+        called = any(m.get("role") == "tool" for m in env.tool_loop.transcript(agent))
+        if "search" in tools and missing and not called:
+            return env.tool_loop.parser.example("search", {"query": by_id[missing[0]].title})
+        profile = env.team.profiles.get(agent)
+        if profile is not None and profile.with_answer:
+            return f"Answer: {problem.answer}"
+        if view is None and not tools:  # sees no documents: the rewriter
+            return problem.question
+        named = [i for i in support if i in seen] or seen
+        return " ".join(named) if named else "none"
+
     # -------------------------------------------------------------- grading
     def grade(self, response: str, problem: Problem) -> GradeResult:
         """EM is ``correct``, :func:`answer_reward` is ``score`` (see the module docstring)."""
