@@ -127,7 +127,7 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, "solo-majk") for d in _BRANCHED],
 ]
 #: config fields a job's JSON keeps (what differs between systems)
-CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching")
+CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from")
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
                  "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "status"]
 DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]
@@ -254,15 +254,21 @@ def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path, 
 
 
 def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Path) -> Path:
-    """The SFT run a warm system starts RL from: ``marft sft`` on the env's scripted demonstrations,
-    run once per (system, seed) inside the job's run dir (a re-run reuses a finished one)."""
+    """The SFT run a warm system starts RL from: ``marft sft`` on the env's scripted demonstrations
+    with the RL run's LoRA shape, once per (system, seed) inside the job's run dir (a re-run
+    reuses a finished one). Demonstrations are not generated tokens: the budget counts RL only."""
     from marft_algos.cli import main as marft
 
     sft_dir = run_dir / "sft"
     done = sft_dir / "SFT_DONE"
     if not done.exists():
+        rl = {**QUICKSTART_RECIPE, **dict(kv.split("=", 1) for kv in args.set if "=" in kv)}
         argv = ["sft", "--env", _env_id(args, system.env), "--env-kwargs", args.env_kwargs, "--model", args.model,
-                "--demos", "scripted", "--seed", str(seed), "--out", str(sft_dir), *[a for kv in args.sft_set for a in ("--set", kv)]]
+                "--demos", "scripted", "--seed", str(seed), "--out", str(sft_dir),
+                "--lora-r", str(rl["lora_r"]), "--lora-alpha", str(rl["lora_alpha"])]
+        for kv in args.sft_set:  # KEY=VALUE -> --key VALUE (see `marft sft --help`)
+            key, _, value = kv.partition("=")
+            argv += ["--" + key.replace("_", "-"), value]
         code = marft(argv)
         if code:
             raise SystemExit(f"{system.name} seed {seed}: `marft {' '.join(argv)}` failed (exit {code})")
@@ -799,7 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--curve-eval-n", type=int, default=50, help="held-out problems of each curve point (test indices 0..n-1)")
     p.add_argument("--target", type=float, default=0.0,
                    help="tokens-to-target level: held-out accuracy a run must reach (0: the untrained solo agent's accuracy)")
-    p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="`marft sft` setting of the warm systems")
+    p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="`marft sft` option of the warm systems, e.g. epochs=2 (see `marft sft --help`)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the JSONs in --out (pass the run's flags)")
     p.add_argument("--job", default="", help=argparse.SUPPRESS)  # SYSTEM:SEED, run by the queue
     p.add_argument("--out", default="runs/equal_budget")

@@ -532,6 +532,20 @@ def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleTy
     assert "Sample efficiency" in text and "duo-grpo" in text
 
 
+def test_equal_budget_warm_system_starts_rl_from_its_sft_run(eb: ModuleType, tmp_path: Path) -> None:
+    """A warm system runs `marft sft` on the env's scripted demos first and trains from those adapters (init_from);
+    a re-run reuses the finished SFT run."""
+    out = tmp_path / "eb"
+    argv = ["--model", "tiny-random", "--token-budget", "8", "--eval-n", "2", "--seeds", "0", "--jobs", "0", "--set", "num_envs=2",
+            "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-grpo-warm",
+            "--sft-set", "num_demos=2", "--sft-set", "epochs=1", "--out", str(out)]
+    assert eb.main(argv) == 0
+    sft = out / "rundirs" / "duo-grpo-warm" / "seed0" / "sft"
+    assert (sft / "SFT_DONE").exists() and json.loads((sft / "sft.json").read_text())
+    rec = json.loads((out / "runs" / "duo-grpo-warm" / "seed0.json").read_text())
+    assert rec["steps"] >= 1 and rec["config"]["init_from"] == str(sft)
+
+
 def test_equal_budget_fits_the_last_step_to_the_budget(eb: ModuleType) -> None:
     """A full step while it fits; then the groups the rest of the budget buys at the rate seen so far."""
     assert eb.fit_groups(0, 0, 3500, 8) == 8  # no estimate yet
