@@ -15,7 +15,9 @@ only:
   (the share of rows whose first tokens match) and vLLM's log-prob gap to the trainer,
   then sampled tokens/s of each.
 - ``fsdp``: ``torchrun --nproc_per_node <visible GPUs> -m marft_algos.cli train`` with
-  ``distributed.strategy=fsdp`` (full fine-tuning, FSDP2) for ``--steps`` steps.
+  ``distributed.strategy=fsdp`` (full fine-tuning, FSDP2) for ``--steps`` steps; ``--num-envs``
+  is rounded up to whole GRPO groups on every rank. Skipped with one GPU (marft does not
+  shard at world size 1).
 - ``async``: asynchronous rollout workers (``rollout_workers=1``, ``max_staleness=1``) on
   the second GPU (``rollout_device="cuda:1"``); skipped with a "not available" row when
   the installed marft has no ``rollout_workers`` setting, or with one GPU.
@@ -31,9 +33,10 @@ a vLLM dependency) or else ``torch.cuda.mem_get_info``. ``gpu_check.md`` and
 ``gpu_check.json`` (rows, arguments, devices, versions) go to ``--out``. The exit status
 is 1 when a check failed.
 
-``--cpu-dry-run`` runs what can run without CUDA on ``tiny-random`` (fp32 training steps
-and the ``hf`` engine, through the same child processes and table); the other rows are
-skips that say so. Offline use (wheels carried to the GPU machine): docs/engines.md.
+``--cpu-dry-run`` runs what can run without CUDA on ``tiny-random`` through the same child
+processes and table: fp32 training steps, the ``hf`` engine, FSDP2 on 2 gloo CPU ranks and
+(where the setting exists) a rollout worker on the CPU; the vllm and TRL rows are skips
+that say so. Offline use (wheels carried to the GPU machine): docs/engines.md.
 """
 
 from __future__ import annotations
