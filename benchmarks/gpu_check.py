@@ -34,9 +34,9 @@ a vLLM dependency) or else ``torch.cuda.mem_get_info``. ``gpu_check.md`` and
 is 1 when a check failed.
 
 ``--cpu-dry-run`` runs what can run without CUDA on ``tiny-random`` through the same child
-processes and table: fp32 training steps, the ``hf`` engine, FSDP2 on 2 gloo CPU ranks and
-(where the setting exists) a rollout worker on the CPU; the vllm and TRL rows are skips
-that say so. Offline use (wheels carried to the GPU machine): docs/engines.md.
+processes and table: fp32 training steps, the ``hf`` engine, FSDP2 on 2 gloo CPU ranks, TRL's
+GRPOTrainer without vLLM and (where the setting exists) a rollout worker on the CPU; the
+vllm engine row is a skip that says so. Offline use (wheels carried to the GPU machine): docs/engines.md.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ __all__ = ["CHECKS", "COLUMNS", "build_parser", "skip_reason", "row", "markdown"
 COLUMNS = ("path", "status", "tokens_s", "samples_s", "peak_gpu_gib", "reason")
 CHECKS = ("train", "engines", "fsdp", "async", "trl")
 #: checks that run under --cpu-dry-run (the others need CUDA)
-DRY_RUN_CHECKS = ("train", "engines", "fsdp", "async")
+DRY_RUN_CHECKS = ("train", "engines", "fsdp", "async", "trl")
 _GIB = 1024**3
 
 
@@ -113,6 +113,8 @@ def skip_reason(check: str, *, cuda_devices: int, dry_run: bool, has: Callable[[
         raise ValueError(f"unknown check {check!r}; choose from {', '.join(CHECKS)}")
     if check == "async" and not async_workers():
         return "not available: this marft has no rollout_workers setting (asynchronous rollout workers, issue 31)"
+    if check == "trl" and not has("trl"):
+        return "trl is not installed: pip install 'marft[bench]' (offline: docs/engines.md)"
     if dry_run:
         return None if check in DRY_RUN_CHECKS else "--cpu-dry-run: this check needs CUDA"
     if cuda_devices == 0:
@@ -121,8 +123,6 @@ def skip_reason(check: str, *, cuda_devices: int, dry_run: bool, has: Callable[[
         return f"needs a second GPU for the rollout workers ({cuda_devices} visible)"
     if check == "fsdp" and cuda_devices < 2:
         return "needs 2 or more GPUs to shard over (1 visible; at world size 1 marft trains unsharded)"
-    if check == "trl" and not has("trl"):
-        return "trl is not installed: pip install 'marft[bench]' (offline: docs/engines.md)"
     if check == "trl" and not has("vllm"):
         return "vllm is not installed (TRL's use_vllm needs it): pip install 'marft[vllm]'"
     return None
@@ -387,6 +387,8 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
 
     from benchmarks.throughput import _arith_dataset
     from marft_algos.models import load_base
+    from marft_algos.models.aliases import resolve_alias
+    from marft_algos.models.loading import ensure_cached
 
     G, T = args.group_size, 2 * args.max_new_tokens  # the duo's token budget per sample, in one completion
     dataset, task = _arith_dataset(4 * (args.steps + 1))
@@ -395,18 +397,26 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         return [float(task.grade(t, task.get(int(i))).correct) for t, i in zip(texts, pidx, strict=True)]
 
-    model, tok = load_base(args.model)
+    # TRL loads the model itself, and its colocated vLLM the same folder (an alias's converted one);
+    # the in-code tiny model (dry run) goes in as an object
+    alias = resolve_alias(args.model)
+    tiny = alias is not None and alias.kind == "tiny"
+    path = str(ensure_cached(alias)) if alias is not None and not tiny else args.model
+    model, tok = load_base(args.model) if tiny else (path, None)
+    gpu = not args.cpu_dry_run
+    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.gpu_memory_utilization,
+                vllm_max_model_length=args.max_model_len) if gpu else {}
     cfg = TRLConfig(output_dir=tempfile.mkdtemp(prefix="marft-gpu-check-trl-"), per_device_train_batch_size=G,
                     num_generations=G, max_completion_length=T, learning_rate=1e-5, max_steps=args.steps, logging_steps=1,
-                    report_to="none", save_strategy="no", bf16=True, gradient_checkpointing=False, beta=0.0, temperature=1.0,
-                    seed=0, disable_tqdm=True, use_vllm=True, vllm_mode="colocate",
-                    vllm_gpu_memory_utilization=args.gpu_memory_utilization, vllm_max_model_length=args.max_model_len)
+                    report_to="none", save_strategy="no", bf16=gpu, use_cpu=not gpu, gradient_checkpointing=False, beta=0.0,
+                    temperature=1.0, seed=0, disable_tqdm=True, dataloader_num_workers=0, **vllm)
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                       bias="none", task_type="CAUSAL_LM")
-    steps: list[dict[str, float]] = []
+    step_s: list[float] = []
+    lengths: list[float] = []
 
     class Clock(TrainerCallback):
-        """Step times and TRL's logged completion lengths."""
+        """Step times, and TRL's logged mean completion length of each step (logging_steps=1)."""
 
         t0 = 0.0
 
@@ -416,22 +426,24 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             """Record the step time."""
-            steps.append({"step_s": time.perf_counter() - self.t0})
+            step_s.append(time.perf_counter() - self.t0)
 
         def on_log(self, _args: Any, _state: Any, _control: Any, logs: dict[str, float] | None = None, **k: Any) -> None:
-            """Attach the step's mean completion length."""
-            if logs and steps and "completions/mean_length" in logs:
-                steps[-1]["mean_length"] = float(logs["completions/mean_length"])
+            """Record the step's mean completion length."""
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
 
     mem.mark()
-    trl = TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok,
-                     peft_config=lora, callbacks=[Clock()])
+    trl = TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok, peft_config=lora,
+                     callbacks=[Clock()])
     trl.train()
-    timed = steps[1:] or steps
-    secs = sum(s["step_s"] for s in timed)
-    tokens = sum(s.get("mean_length", float("nan")) * G for s in timed)
-    return [row("TRL GRPOTrainer use_vllm (colocate)", "ok", f"{len(timed)} timed steps, G={G}, <= {T} tokens",
-                tokens / secs, G * len(timed) / secs, mem.mark(), step_s=secs / max(len(timed), 1))]
+    first = 1 if len(step_s) > 1 else 0  # the first step is a warm-up
+    secs = sum(step_s[first:])
+    tokens = G * sum(lengths[first:]) if len(lengths) == len(step_s) else float("nan")
+    n = len(step_s) - first
+    name = "TRL GRPOTrainer use_vllm (colocate)" if gpu else "TRL GRPOTrainer (dry run: CPU, no vllm)"
+    return [row(name, "ok", f"{n} timed steps, G={G}, <= {T} tokens per completion",
+                tokens / secs, G * n / secs, mem.mark(), step_s=secs / max(n, 1), model_path=path)]
 
 
 RUNNERS: dict[str, Callable[[argparse.Namespace, GpuMemory], list[dict[str, Any]]]] = {
