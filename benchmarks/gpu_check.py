@@ -581,6 +581,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def _devices() -> tuple[list[str], float | None]:
+    """GPU names and the device-wide memory in use before any check (GiB; None without NVML).
+
+    Read through NVML where it is installed, so that this parent process never creates a CUDA
+    context of its own (it would hold memory on GPU 0 through every check)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        count = pynvml.nvmlDeviceGetCount()
+        idx = [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else list(range(count))
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in idx if i < count]
+        names = [pynvml.nvmlDeviceGetName(h) for h in handles]
+        used = sum(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles) / _GIB
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names], round(used, 2)
+    except Exception:  # noqa: BLE001 - no NVML (or no GPU): torch's names, no baseline
+        import torch
+
+        if not torch.cuda.is_available():
+            return [], None
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks, print the table, write ``--out``; exit status 1 when a check failed."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -588,18 +612,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         Path(args.child_out).write_text(json.dumps(run_one(args.child, args), default=str))
         return 0
-    import torch
-
     from benchmarks._common import versions
 
-    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    devices, baseline = _devices()
     print(f"gpu_check: model {args.model}, devices {devices or 'none (CPU)'}{', CPU dry run' if args.cpu_dry_run else ''}", flush=True)
     print(markdown([]), flush=True)
     rows = run_checks(args, argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.md").write_text(f"Model {args.model}; devices: {', '.join(devices) or 'none (CPU)'}.\n\n{markdown(rows)}\n")
-    (out / "gpu_check.json").write_text(json.dumps({"args": vars(args), "devices": devices, "rows": rows,
+    before = "" if baseline is None else f"; GPU memory in use before the checks: {baseline} GiB"
+    (out / "gpu_check.md").write_text(f"Model {args.model}; devices: {', '.join(devices) or 'none (CPU)'}{before}.\n\n{markdown(rows)}\n")
+    (out / "gpu_check.json").write_text(json.dumps({"args": vars(args), "devices": devices, "baseline_gpu_gib": baseline, "rows": rows,
                                                     "versions": versions()}, indent=1, default=str))
     return 1 if any(r["status"] == "fail" for r in rows) else 0
 

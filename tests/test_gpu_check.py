@@ -124,6 +124,8 @@ def test_without_cuda_a_plain_run_is_all_skip_rows(gc: ModuleType, tmp_path: Pat
     assert gc.main(["--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
     assert len(rows) == len(gc.CHECKS) and {r["status"] for r in rows} == {"skip"}
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["devices"] == [] and saved["baseline_gpu_gib"] is None
     assert "| skip |" in (tmp_path / "gpu_check.md").read_text()
 
 
