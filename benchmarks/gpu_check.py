@@ -263,6 +263,21 @@ def _greedy_agreement(a: Sequence[Any], b: Sequence[Any], prefix: int = 8) -> fl
     return same / max(len(a), 1)
 
 
+def _vllm_verdict(agree: float, agree_swapped: float, control: float) -> tuple[str, str]:
+    """ok / fail of the vllm engine from greedy agreements (first 8 tokens of each row).
+
+    ``agree``: vLLM vs hf with the right adapters; ``agree_swapped``: vLLM vs hf with the roles'
+    adapters swapped; ``control``: hf vs hf swapped (how far apart the roles' adapters are)."""
+    said = f"greedy agreement with hf {agree:.0%}, with hf on the swapped adapters {agree_swapped:.0%}"
+    if agree < 0.5:
+        return "fail", f"{said}: vLLM does not reproduce the hf engine"
+    if control < 1.0 and agree <= agree_swapped:
+        return "fail", f"{said}: vLLM does not serve each role its own adapter"
+    if control == 1.0:
+        return "ok", f"{said} (the two adapters give the same greedy text: roles not told apart; raise --adapter-scale)"
+    return "ok", said
+
+
 def check_engines(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
     """The vllm engine against the hf engine on the same mixed-role prompts (hf only in the dry run)."""
     import torch
@@ -277,13 +292,17 @@ def check_engines(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, An
         for k, role in enumerate(ROLES):
             g = torch.Generator().manual_seed(k + 1)
             for p in policy.trainable_parameters(role):
-                p.copy_((torch.randn(p.shape, generator=g) * 0.02).to(p.device, p.dtype))
+                p.copy_((torch.randn(p.shape, generator=g) * args.adapter_scale).to(p.device, p.dtype))
     reqs = make_requests(policy, args.batch, args.max_new_tokens)
     greedy = [dataclasses.replace(r, sampling=SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)) for r in reqs]
+    other = {ROLES[0]: ROLES[1], ROLES[1]: ROLES[0]}
     engines: dict[str, Any] = {"hf": policy.engine}
     rows = []
     mem.mark()
-    outputs = {"hf": policy.engine.generate(greedy, seed=0)}
+    outputs = {"hf": policy.engine.generate(greedy, seed=0),
+               # the control: every prompt answered by the other role's adapter
+               "hf swapped": policy.engine.generate([dataclasses.replace(r, role=other[r.role]) for r in greedy], seed=0)}
+    control = _greedy_agreement(outputs["hf"], outputs["hf swapped"])
     if args.cpu_dry_run:
         reason = "--cpu-dry-run: the vllm engine needs CUDA"
     elif not _has("vllm"):
@@ -311,15 +330,17 @@ def check_engines(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, An
         timed(eng, reqs, seed=0)  # warm-up
         runs = [timed(eng, reqs, seed=s) for s in (1, 2)]
         secs, tokens = sum(s for s, _ in runs), sum(n for _, n in runs)
-        detail: dict[str, Any] = {"batch": len(reqs), "tokens": tokens, "seconds": secs}
+        detail: dict[str, Any] = {"batch": len(reqs), "tokens": tokens, "seconds": secs, "roles_swapped_agreement": control}
         if name == "hf":
-            r = row("engine hf", "ok", f"batch {len(reqs)}, roles mixed", tokens / secs, 2 * len(reqs) / secs, mem.mark(), **detail)
+            r = row("engine hf", "ok", f"batch {len(reqs)}, roles mixed; swapping the roles' adapters keeps {control:.0%} "
+                    "of greedy rows (first 8 tokens)", tokens / secs, 2 * len(reqs) / secs, mem.mark(), **detail)
         else:
             agree = _greedy_agreement(outputs["hf"], outputs["vllm"])
+            agree_swapped = _greedy_agreement(outputs["hf swapped"], outputs["vllm"])
             gap = max(gaps.values(), default=float("nan"))
-            detail.update(startup_s=start_s, greedy_agreement=agree, logprob_gap_max=gap)
-            status = "ok" if agree >= 0.5 else "fail"  # below half: adapters not applied per role
-            why = f"batch {len(reqs)}; greedy agreement with hf {agree:.0%} (first 8 tokens); max log-prob gap {gap:.3g}; start {start_s:.0f} s"
+            detail.update(startup_s=start_s, greedy_agreement=agree, greedy_agreement_swapped=agree_swapped, logprob_gap_max=gap)
+            status, why = _vllm_verdict(agree, agree_swapped, control)
+            why += f"; max log-prob gap to the trainer {gap:.3g}; engine start {start_s:.0f} s"
             r = row("engine vllm (per-role LoRA)", status, why, tokens / secs, 2 * len(reqs) / secs, mem.mark(), **detail)
         rows.append(r)
     return rows
@@ -554,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=4, help="GRPO group size (marft and TRL)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="per agent action (engines: per request)")
     p.add_argument("--batch", type=int, default=32, help="requests per engine generate (roles alternate)")
+    p.add_argument("--adapter-scale", type=float, default=0.05,
+                   help="std of the engines check's random LoRA weights (large enough that the two roles answer differently)")
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context (prompt + response)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory (marft's engine and TRL's)")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds a check may take before it is a fail row")

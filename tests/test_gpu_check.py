@@ -87,6 +87,18 @@ def test_the_dry_run_runs_every_check_on_the_cpu(gc: ModuleType) -> None:
     assert runs == set(gc.CHECKS)  # vllm is not needed: its parts are skipped inside the checks
 
 
+@pytest.mark.parametrize(("agree", "swapped", "control", "status", "says"), [
+    (1.0, 0.1, 0.1, "ok", "greedy agreement with hf 100%"),
+    (0.4, 0.1, 0.1, "fail", "does not reproduce the hf engine"),
+    (0.9, 0.9, 0.2, "fail", "does not serve each role its own adapter"),  # as close to the wrong adapters as to the right
+    (1.0, 1.0, 1.0, "ok", "roles not told apart; raise --adapter-scale"),
+])
+def test_the_vllm_verdict_needs_each_role_served_its_own_adapter(gc: ModuleType, agree: float, swapped: float,
+                                                                 control: float, status: str, says: str) -> None:
+    got, why = gc._vllm_verdict(agree, swapped, control)
+    assert got == status and says in why
+
+
 # ----------------------------------------------------------------------------- arguments
 def test_arguments_and_their_defaults(gc: ModuleType) -> None:
     a = gc.parse_args([])
@@ -139,6 +151,7 @@ def test_cpu_dry_run_exercises_training_the_hf_engine_and_trl(gc: ModuleType, tm
         assert r["status"] == "ok" and r["tokens_s"] > 0 and r["samples_s"] > 0, r
         assert r["peak_gpu_gib"] is None  # no GPU: not measured, not 0
     assert rows["train grpo fp32"]["timed_steps"] == 1  # the first step is an untimed warm-up
+    assert 0.0 <= rows["engine hf"]["roles_swapped_agreement"] <= 1.0  # the control the vllm verdict reads
     assert rows["engine vllm (per-role LoRA)"]["status"] == "skip"
     assert "needs CUDA" in rows["engine vllm (per-role LoRA)"]["reason"]
     saved = json.loads((tmp_path / "gpu_check.json").read_text())
