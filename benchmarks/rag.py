@@ -112,7 +112,8 @@ def evaluate(policy: Any, env_id: str, system: str, args: argparse.Namespace, en
                           temperature=0.0, max_new_tokens=args.max_new_tokens, num_envs=args.eval_batch, seed=args.seed)
     eval_s = time.perf_counter() - t0
     s = summarize(records)
-    f1, f1_lo, f1_hi = bootstrap_mean([r.score or 0.0 for r in records], seed=args.seed)
+    # Plain answer F1 from the grade details: ``score`` is the reward's hedge-penalised credit (issue 27).
+    f1, f1_lo, f1_hi = bootstrap_mean([float(r.details.get("f1") or 0.0) for r in records], seed=args.seed)
     team = {"env_id": env_id, "system": system, "problems": s["problems"], "em": s["accuracy"], "em_lo": s["ci_low"],
             "em_hi": s["ci_high"], "f1": f1, "f1_lo": f1_lo, "f1_hi": f1_hi,
             "reward": sum(r.reward for r in records) / max(len(records), 1), "tokens_per_episode": s["tokens_per_episode"],

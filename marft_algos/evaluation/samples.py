@@ -28,7 +28,9 @@ class SampleRecord:
     the graded turns; ``actions`` are the agents' steps in execution order (a tool-calling
     action is several steps: ``segment`` 0, 1, ...; ``tool_calls`` counts the calls a step
     made and ``tool_errors`` lists the error kinds of the failed ones). ``score`` is the
-    grader's score of the last graded turn (e.g. answer F1 in RAG; None if never graded).
+    grader's score of the last graded turn (the task's partial credit, e.g. RAG's hedge-penalised
+    answer reward; None if never graded) and ``details`` that turn's grade details (e.g. RAG's
+    plain answer F1 in ``details["f1"]``; empty if never graded).
     """
 
     problem: int
@@ -42,6 +44,7 @@ class SampleRecord:
     reward: float = 0.0
     components: dict[str, float] = field(default_factory=dict)
     score: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 def _resets(problems: Sequence[int], k: int, seed: int) -> list[dict[str, Any]]:
@@ -107,7 +110,7 @@ def play(
 
 
 def episode_score(ep: Any) -> float | None:
-    """The grader's score of episode ``ep``'s last graded turn (e.g. answer F1 in RAG); None if never graded."""
+    """The grader's score of episode ``ep``'s last graded turn (the task's partial credit); None if never graded."""
     score = None
     for t in ep.transitions:
         g = t.info.get("grade")
@@ -120,10 +123,12 @@ def to_record(spec: dict[str, Any], ep: Any, seed: int) -> SampleRecord:
     """The :class:`SampleRecord` of episode ``ep`` played from reset spec ``spec`` (see :func:`play`)."""
     answer, timed_out = None, False
     components: dict[str, float] = {}
+    details: dict[str, Any] = {}
     for t in ep.transitions:
         g = t.info.get("grade")
         if isinstance(g, dict):
             answer = g.get("extracted")
+            details = dict(g.get("details") or {})
             timed_out = timed_out or bool(g.get("timed_out"))
         comps = t.info.get("reward_components")
         if isinstance(comps, dict) and "team_reward" in t.info:
@@ -147,6 +152,7 @@ def to_record(spec: dict[str, Any], ep: Any, seed: int) -> SampleRecord:
         reward=float(ep.team_return),
         components=components,
         score=episode_score(ep),
+        details=details,
     )
 
 
