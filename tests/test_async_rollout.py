@@ -242,3 +242,50 @@ def test_bad_settings_are_refused_with_a_reason():
     with pytest.raises(ConfigError, match="cannot be pickled"):
         make("grpo", rollout_workers=1, env_fn=lambda: marft_envs.make("echo-duo-v0", **SHAPED))
     assert AsyncRollout.state_key == "async_rollout"
+
+
+def _throughput():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
+    spec = importlib.util.spec_from_file_location("bench_throughput_async", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_async_section(tp, out, systems):
+    import csv
+
+    with (out / "async.csv").open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == tp.ASYNC_COLUMNS
+    assert [r["system"] for r in rows if r["rep"] == "1"] == systems  # every system once per repetition
+    assert all(float(r["samples_s"]) > 0 and r["steps"] == "1" for r in rows)
+    workers = [r for r in rows if r["system"] == "marft GRPO duo 1 worker + trainer"]
+    assert all(0 <= float(r["worker_idle_frac"]) <= 1 and 0 <= float(r["trainer_idle_frac"]) <= 1 for r in workers)
+    assert all(float(r["staleness"]) <= 1 for r in workers)
+    assert "1 worker + trainer / marft GRPO duo sync: samples_s" in (out / "throughput.md").read_text()
+
+
+def test_throughput_async_section_on_the_tiny_model(tmp_path):
+    tp = _throughput()
+    out = tmp_path / "tp"
+    assert tp.main(["--model", "tiny-random", "--sections", "async", "--async-peer", "none", "--reps", "1", "--group-size", "2",
+                    "--gen-tokens", "2", "--async-block", "2", "--out", str(out)]) == 0
+    # repetition 1 runs the systems in reverse order (as the grpo section alternates them)
+    _check_async_section(tp, out, ["marft GRPO duo 1 worker + trainer", "marft GRPO duo sync 1 thread", "marft GRPO duo sync"])
+
+
+@pytest.mark.slow
+def test_throughput_async_section_with_trl(tmp_path):
+    pytest.importorskip("trl")
+    tp = _throughput()
+    out = tmp_path / "tp"
+    assert tp.main(["--model", "tiny-random", "--sections", "async", "--reps", "1", "--group-size", "2",
+                    "--gen-tokens", "2", "--async-block", "2", "--out", str(out)]) == 0
+    _check_async_section(tp, out, ["TRL GRPOTrainer solo", "marft GRPO duo 1 worker + trainer", "marft GRPO duo sync 1 thread", "marft GRPO duo sync"])
