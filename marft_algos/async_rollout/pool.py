@@ -66,6 +66,12 @@ def _exit_status(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _stop_at_exit(ref: Any) -> None:
+    pool = ref()
+    if pool is not None:
+        pool.stop()
+
+
 class AsyncRollout(Callback):
     """Rollout workers feeding a trainer (see the module docstring)."""
 
@@ -105,7 +111,7 @@ class AsyncRollout(Callback):
         self.buffer: dict[int, tuple] = {}
         self.lookahead: dict[str, Any] = {}
         self.wait_s = 0.0
-        atexit.register(self.stop)
+        atexit.register(_stop_at_exit, weakref.ref(self))  # a weak reference: a finished trainer is freed
 
     # ---- lifecycle ---------------------------------------------------------------------
     @property
