@@ -1,9 +1,11 @@
 """The trainer's side of asynchronous rollouts: workers, tasks, versions, faults.
 
-:class:`AsyncRollout` is a loop callback (publishes weights after every update, stops
-the workers when the run ends, checkpoints what was in flight) plus the method
+:class:`AsyncRollout` is a loop callback (stops the workers when the run ends,
+checkpoints what was in flight, adds the trainer's idle fraction) plus the method
 :meth:`AsyncRollout.next_batch`, which :meth:`marft_algos.trainer.Trainer.collect` calls
-instead of its own collector when ``rollout_workers > 0``.
+instead of its own collector when ``rollout_workers > 0``. It publishes the trainer's
+weights there, at the start of each step's collect: after the last update and every
+callback that changes weights (self-play's opponent), as a synchronous collect sees them.
 
 Batches are indexed by the training step that will consume them. At step ``s`` the
 trainer issues the tasks ``s .. s + max_staleness`` (a bounded queue: at most
@@ -253,8 +255,9 @@ class AsyncRollout(Callback):
         issued = self.outstanding.get(s)
         if self.expected != s or (issued is not None and len(issued.resets) != groups * t.algorithm.group_size):
             self.reset()  # first batch, a resume or rollback, or another batch size asked for this step
-        else:
-            self.publish()  # the newest weights (also what a callback changed after the update)
+        else:  # the weights as a synchronous collect would see them: after the update and
+            # every callback (self-play loads its opponent in on_collect_start)
+            self.publish()
         self._issue(s + self.k, groups)
         t0 = time.perf_counter()
         _, _, _, version, batch, busy, idle = self._result(s)
@@ -333,9 +336,7 @@ class AsyncRollout(Callback):
 
     # ---- loop callback hooks ------------------------------------------------------------
     def on_step_end(self, trainer: Any, metrics: dict[str, float], batch: Any) -> None:
-        """Publish the updated weights at once (workers waiting for them resume) and add
-        ``perf/trainer_idle_frac``: the share of the step the trainer waited for its batch."""
-        self.publish()
+        """Add ``perf/trainer_idle_frac``: the share of the step the trainer waited for its batch."""
         step_s = metrics.get("perf/step_s", 0.0)
         metrics["perf/trainer_idle_frac"] = self.wait_s / step_s if step_s > 0 else 0.0
 

@@ -1,8 +1,8 @@
 """Trainer -> worker weight sync through shared memory, tagged with a policy version.
 
 The trainer owns one shared-memory CPU buffer per trained parameter (each parameter once,
-in team order: roles naming one adapter share it). After every update it copies its
-weights in under a lock and bumps ``(epoch, version)``; a worker copies them out under the
+in team order: roles naming one adapter share it). At the start of every step (after the
+previous update) it copies its weights in under a lock and bumps ``(epoch, version)``; a worker copies them out under the
 same lock before it starts a batch, so it never reads a half-written update. ``version``
 is the trainer's ``global_step`` when the weights were published (the number of updates
 they carry); ``epoch`` changes when the trainer drops its in-flight batches (a resume, a
