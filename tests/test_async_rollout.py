@@ -132,7 +132,7 @@ def test_stale_batch_ratio_and_tis_use_recorded_behaviour_logprobs():
                 num += -min(r * A * w, min(max(r, 0.8), 1.2) * A * w)
                 den += 1
                 gaps.append(abs(old - beh))
-        assert float(loss) == pytest.approx(num / den, rel=1e-4, abs=1e-6)
+        assert float(loss.detach()) == pytest.approx(num / den, rel=1e-4, abs=1e-6)
         assert m[f"agent/{agent}/engine_logp_gap"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-4)
         assert m[f"agent/{agent}/tis_clipped_frac"] == pytest.approx(cut / den)
         assert sum(gaps) > 0
@@ -178,6 +178,35 @@ def test_killed_worker_is_restarted_and_its_batch_generated_again():
         m = t.train_step()  # step 3's was not: the worker is found dead and restarted
         assert m["rollout/worker_restarts"] == 1.0
         assert len(t.last_batch) == 4 and alive(t) and alive(t)[0].pid != proc.pid
+    finally:
+        t.rollout.stop()
+
+
+def test_stuck_worker_ends_the_run_after_the_timeout():
+    t = make("grpo", rollout_workers=1, max_staleness=0)
+    try:
+        t.train_step()
+        (proc,) = alive(t)
+        t.rollout.timeout = 3.0  # the start-up above needed the long default
+        os.kill(proc.pid, signal.SIGSTOP)  # alive, but it never delivers
+        t0 = time.monotonic()
+        with pytest.raises(RolloutWorkerError, match=r"rollout worker 0 \(pid \d+\) is alive but took more than rollout_timeout_s=3 s"):
+            t.train_step()
+        assert time.monotonic() - t0 < 20
+        assert not proc.is_alive()  # stopped processes are killed too
+    finally:
+        t.rollout.stop()
+
+
+def test_workers_can_build_their_policy_from_the_config():
+    """``rollout_device`` set: the workers build the policy with make_policy (the path a
+    second GPU takes) and only the trained weights are synced."""
+    cfg = config("grpo", rollout_workers=1, rollout_device="cpu", steps=2)
+    t = GRPOTrainer(cfg)  # the policy from the config: tiny-random
+    assert t.rollout._policy_blob() is None
+    try:
+        history = [t.train_step(), t.train_step()]
+        assert [m["rollout/policy_version"] for m in history] == [0.0, 1.0]
     finally:
         t.rollout.stop()
 
