@@ -198,6 +198,15 @@ def test_stuck_worker_ends_the_run_after_the_timeout():
         t.rollout.stop()
 
 
+def test_two_workers_deliver_the_batches_in_order():
+    t = make("grpo", rollout_workers=2, max_staleness=1, steps=3)
+    history = t.train()
+    assert [m["rollout/policy_version"] <= step for step, m in enumerate(history)] == [True] * 3
+    assert all(m["rollout/staleness"] in (0.0, 1.0) for m in history)
+    assert sorted({ep.group_id for ep in t.last_batch.episodes}) == [4, 5]  # the problem stream of step 3
+    assert t.collector.state_dict()["next_group_id"] == 6 and not t.rollout.started
+
+
 def test_workers_can_build_their_policy_from_the_config():
     """``rollout_device`` set: the workers build the policy with make_policy (the path a
     second GPU takes) and only the trained weights are synced."""

@@ -279,6 +279,8 @@ class AsyncRollout(Callback):
         deadline = time.monotonic() + self.timeout
         while index not in self.buffer:
             msg = self._get(w, deadline, f"to deliver the batch of step {index + 1}")
+            if msg is not None and msg[0] == "restarted":  # a new worker: a full timeout for the batch again
+                deadline = time.monotonic() + self.timeout
             if msg is None or msg[0] != "batch":
                 continue
             _, epoch, i = msg[:3]
@@ -294,7 +296,8 @@ class AsyncRollout(Callback):
             proc = self.procs[w]
             if not proc.is_alive():
                 self._died(w, proc)
-            elif time.monotonic() > deadline:
+                return ("restarted",)
+            if time.monotonic() > deadline:
                 self.stop()
                 raise RolloutWorkerError(
                     f"rollout worker {w} (pid {proc.pid}) is alive but took more than rollout_timeout_s="
