@@ -40,8 +40,22 @@ the same machine load (on a shared CPU only the ratios are meaningful):
    the KV part is also listed on its own (``kv_mb_per_step``). The prefill is excluded
    by subtracting a 1-token generation of the same batch.
 
+5. ``async`` (opt-in: ``--sections async``): asynchronous rollouts (docs/async.md) on the
+   duo. Three systems, in blocks of ``--async-block`` steps interleaved per repetition
+   from a TRL callback (blocks, not single steps: a pipeline needs several steps to show
+   its rate): marft GRPO duo synchronous (today's default threads: 1 to collect, 2 to
+   update; and again with 1 thread in both phases, which isolates the gain of overlap
+   from that of thread counts), marft GRPO duo with ``rollout_workers=1, max_staleness=1`` (one thread in the
+   worker, one in the trainer) and TRL ``GRPOTrainer`` on a single agent (the ``grpo``
+   section's settings). A block's rate is measured from the end of its first step to the
+   end of its last (the first step fills the pipeline); the worker is stopped after each
+   block so it generates nothing while the other systems run. Reported per block:
+   samples/s and, for the asynchronous duo, the mean worker and trainer idle fractions
+   (``perf/worker_idle_frac``, ``perf/trainer_idle_frac``) and staleness; ratios over
+   repetitions (the first is a warm-up and dropped).
+
 Outputs: ``throughput.md``, ``throughput.json``, ``grpo_vs_trl.csv``, ``scaling.csv``,
-``memory_modes.csv``, ``bandwidth.csv`` and ``throughput.png`` in ``--out``.
+``memory_modes.csv``, ``bandwidth.csv``, ``async.csv`` and ``throughput.png`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -72,7 +86,7 @@ from benchmarks._common import (  # noqa: E402
     write_json,
 )
 
-__all__ = ["main", "build_parser", "GRPO_COLUMNS", "SCALING_COLUMNS", "MEMORY_COLUMNS", "MEMORY_MODES", "BANDWIDTH_COLUMNS"]
+__all__ = ["main", "build_parser", "GRPO_COLUMNS", "SCALING_COLUMNS", "MEMORY_COLUMNS", "MEMORY_MODES", "BANDWIDTH_COLUMNS", "ASYNC_COLUMNS", "ASYNC_SYSTEMS"]
 
 GRPO_COLUMNS = ["rep", "system", "step_s", "rollout_s", "update_s", "tokens", "samples", "rollout_tok_s", "train_tok_s", "samples_s", "peak_mem_delta_mb"]
 MEMORY_COLUMNS = ["agents", "mode", "rss_peak_mb", "rss_vs_solo", "step_s", "step_vs_default", "tokens_per_episode"]
@@ -83,6 +97,9 @@ MEMORY_MODES: dict[str, dict[str, bool]] = {
     "low": {"activation_checkpointing": True, "release_freed_memory": True},
 }
 SCALING_COLUMNS = ["agents", "episode_s_median", "episode_s_min", "episode_s_max", "tokens_per_episode", "rss_peak_mb", "param_mb", "adapter_mb", "optimizer_state_mb", "rss_vs_solo"]
+ASYNC_COLUMNS = ["rep", "system", "steps", "wall_s", "samples", "samples_s", "worker_idle_frac", "trainer_idle_frac", "staleness"]
+#: the systems of the async section, in report order
+ASYNC_SYSTEMS = ["marft GRPO duo sync", "marft GRPO duo sync 1 thread", "marft GRPO duo 1 worker + trainer", "TRL GRPOTrainer solo"]
 BANDWIDTH_COLUMNS = ["batch", "decode_steps", "tokens", "decode_s", "measured_tok_s", "bound_tok_s", "fraction_of_bound", "kv_mb_per_step"]
 
 _MB = 1024 * 1024
@@ -93,7 +110,7 @@ _MB = 1024 * 1024
 # --------------------------------------------------------------------------------------
 
 
-def _marft_grpo(model: str, env_id: str, agents_tokens: dict[str, int], group_size: int, lr: float, seed: int) -> Any:
+def _marft_grpo(model: str, env_id: str, agents_tokens: dict[str, int], group_size: int, lr: float, seed: int, **extra: Any) -> Any:
     from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
 
     config = GRPOConfig(
@@ -111,6 +128,7 @@ def _marft_grpo(model: str, env_id: str, agents_tokens: dict[str, int], group_si
         plot=False,
         tensorboard=False,
         transcript_every=0,
+        **extra,
     )
     return GRPOTrainer(config)
 
@@ -131,6 +149,139 @@ def _marft_step(trainer: Any) -> dict[str, float]:
         "samples_s": samples / m["perf/step_s"],
         "peak_mem_delta_mb": mem.delta / _MB,
     }
+
+
+def _trl_grpo(args: argparse.Namespace, steps: int, callback: Any) -> Any:
+    """TRL's GRPOTrainer on the solo arith prompts (the ``grpo`` section's settings), with
+    ``callback`` added; its generation runs on marft's collect threads."""
+    from peft import LoraConfig
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    from marft_algos.models import load_base
+    from marft_algos.threads import phase_threads
+
+    G, T = args.group_size, args.gen_tokens
+    dataset, task = _arith_dataset(steps * 4)
+
+    def reward(completions: list[Any], pidx: list[int], **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        return [float(task.grade(t, task.get(int(i))).correct) for t, i in zip(texts, pidx, strict=True)]
+
+    model, tok = load_base(args.model)
+    cuda = torch.cuda.is_available()
+    cfg = TRLConfig(
+        output_dir=tempfile.mkdtemp(prefix="marft-trl-"), per_device_train_batch_size=G, num_generations=G, max_completion_length=T,
+        learning_rate=args.lr, max_steps=steps, logging_steps=1, report_to="none", save_strategy="no", use_cpu=not cuda, bf16=cuda,
+        gradient_checkpointing=False, beta=0.0, temperature=1.0, seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
+    )
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], bias="none", task_type="CAUSAL_LM")
+    trl = TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok, peft_config=lora)
+    gen = trl._generate
+
+    def threaded_generate(*a: Any, **k: Any) -> Any:
+        with phase_threads("collect", args.collect_threads):
+            return gen(*a, **k)
+
+    trl._generate = threaded_generate
+    trl.add_callback(callback)
+    return trl
+
+
+def run_async(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Blocks of synchronous duo, asynchronous duo (1 worker + trainer, 1 thread each) and
+    TRL steps, interleaved per repetition (see the module docstring, section 5)."""
+    from transformers import TrainerCallback
+
+    from marft_algos.threads import threads_for, torch_threads
+
+    G, T, B = args.group_size, args.gen_tokens, args.async_block
+    if B < 2:
+        raise SystemExit(f"--async-block must be at least 2 (the first step of a block fills the pipeline), got {B}")
+    total = args.reps + 1  # + warm-up
+    tokens = {"reasoner": T // 2, "actor": T - T // 2}
+    print(f"[throughput] async: G={G}, <= {T} tokens per sample, blocks of {B} steps, {args.reps} reps (+1 warm-up)", flush=True)
+    sync = _marft_grpo(args.model, "arith-duo-v0", tokens, G, args.lr, args.seed)
+    sync1 = _marft_grpo(args.model, "arith-duo-v0", tokens, G, args.lr, args.seed, collect_threads=1, update_threads=1)
+    asyn = _marft_grpo(args.model, "arith-duo-v0", tokens, G, args.lr, args.seed, rollout_workers=1, max_staleness=1,
+                       collect_threads=1, update_threads=1, rollout_timeout_s=3600.0)
+    rows: list[dict[str, Any]] = []
+
+    def marft_block(name: str, trainer: Any, rep: int) -> None:
+        ms, ends = [], []
+        try:
+            for _ in range(B):
+                ms.append(trainer.train_step())
+                ends.append(time.perf_counter())
+        finally:
+            if trainer.rollout is not None:
+                trainer.rollout.stop()  # nothing generates while the other systems run
+        wall = ends[-1] - ends[0]
+        samples = sum(m.get("rollout/episodes", float(G)) for m in ms[1:])
+        later = ms[1:]
+        mean = (lambda k: sum(m[k] for m in later) / len(later)) if trainer.rollout is not None else (lambda k: float("nan"))
+        rows.append({"rep": rep, "system": name, "steps": B - 1, "wall_s": wall, "samples": samples, "samples_s": samples / wall,
+                     "worker_idle_frac": mean("perf/worker_idle_frac"), "trainer_idle_frac": mean("perf/trainer_idle_frac"),
+                     "staleness": mean("rollout/staleness")})
+
+    class Blocks(TrainerCallback):
+        """Times TRL's steps; after each block of them, one block of each marft system."""
+
+        def __init__(self) -> None:
+            self.step = 0
+            self.ends: list[float] = []
+            self.threads: Any = None
+
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            """The TRL step's threads (generation switches to the collect threads itself)."""
+            self.threads = torch_threads(threads_for("update", args.update_threads))
+            self.threads.__enter__()
+            if not self.ends:
+                self.ends.append(time.perf_counter())  # a TRL block is measured from its first step's start
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            """Record the step; at the end of a block, run the marft blocks."""
+            self.threads.__exit__(None, None, None)
+            self.ends.append(time.perf_counter())
+            self.step += 1
+            if self.step % (B - 1):
+                return
+            rep = self.step // (B - 1) - 1
+            wall = self.ends[-1] - self.ends[0]
+            rows.append({"rep": rep, "system": ASYNC_SYSTEMS[3], "steps": B - 1, "wall_s": wall, "samples": float(G * (B - 1)),
+                         "samples_s": G * (B - 1) / wall, "worker_idle_frac": float("nan"), "trainer_idle_frac": float("nan"), "staleness": float("nan")})
+            for name, tr in list(zip(ASYNC_SYSTEMS, (sync, sync1, asyn), strict=False))[:: 1 if rep % 2 == 0 else -1]:
+                marft_block(name, tr, rep)
+            print(f"[throughput] async rep {rep}: " + ", ".join(f"{r['system']} {r['samples_s']:.2f} samples/s" for r in rows[-4:]), flush=True)
+            self.ends = []
+
+    if args.async_peer == "trl":
+        _trl_grpo(args, total * (B - 1), Blocks()).train()
+    else:  # no peer: the marft blocks alone
+        for rep in range(total):
+            for name, tr in list(zip(ASYNC_SYSTEMS, (sync, sync1, asyn), strict=False))[:: 1 if rep % 2 == 0 else -1]:
+                marft_block(name, tr, rep)
+    measured = [r for r in rows if r["rep"] > 0] or rows
+    summary: dict[str, Any] = {}
+    sy, sy1, asy, peer = ASYNC_SYSTEMS
+    pairs = [(asy, sy), (asy, sy1), (sy, peer), (asy, peer)]
+    for a_name, b_name in pairs:
+        ratios = []
+        for rep in sorted({r["rep"] for r in measured}):
+            a = next((r for r in measured if r["rep"] == rep and r["system"] == a_name), None)
+            b = next((r for r in measured if r["rep"] == rep and r["system"] == b_name), None)
+            if a and b:
+                ratios.append(a["samples_s"] / b["samples_s"])
+        if ratios:
+            summary[f"{a_name} / {b_name}: samples_s"] = {**summary_stats(ratios), "reps": len(ratios)}
+    for system in ASYNC_SYSTEMS:
+        rs = [r for r in measured if r["system"] == system]
+        if rs:
+            summary[f"{system}: samples_s"] = summary_stats([r["samples_s"] for r in rs])
+    rs = [r for r in measured if r["system"] == asy]
+    for key in ("worker_idle_frac", "trainer_idle_frac", "staleness"):
+        summary[f"{asy}: {key}"] = summary_stats([r[key] for r in rs])
+    return rows, summary
 
 
 def _arith_dataset(n: int) -> tuple[Any, Any]:
@@ -597,6 +748,15 @@ def write_report(out: Path, args: argparse.Namespace, res: dict[str, Any]) -> st
             f"{args.memory_steps} GRPO steps per fresh process; step time of the last step)\n\n"
             + markdown_table(res["memory"], MEMORY_COLUMNS, digits=3)
         )
+    if res.get("async"):
+        s = res["async_summary"]
+        parts.append(
+            f"## Asynchronous rollouts: duo samples/s, synchronous vs 1 worker + trainer (1 thread each) vs TRL GRPOTrainer "
+            f"(G={args.group_size}, <= {args.gen_tokens} generated tokens per sample, blocks of {args.async_block} steps, "
+            f"{args.reps} repetitions after 1 warm-up)\n\n"
+            + markdown_table([{"measure": k, **v} for k, v in s.items()], ["measure", "min", "median", "max", "reps"], digits=3)
+            + "\n\nPer block:\n\n" + markdown_table(res["async"], ASYNC_COLUMNS, digits=3)
+        )
     if res.get("bandwidth"):
         info = res["bandwidth_info"]
         parts.append(
@@ -617,7 +777,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Options of ``benchmarks/throughput.py``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--sections", default="grpo,scaling,bandwidth", help="comma list of grpo, scaling, memory, bandwidth")
+    p.add_argument("--sections", default="grpo,scaling,bandwidth", help="comma list of grpo, scaling, memory, bandwidth, async")
+    p.add_argument("--async-block", type=int, default=4, help="async section: steps per block (the first fills the pipeline)")
+    p.add_argument("--async-peer", default="trl", choices=["trl", "none"], help="async section: run TRL's GRPOTrainer beside it, or no peer")
     p.add_argument("--reps", type=int, default=5, help="measured GRPO repetitions (after one warm-up)")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--gen-tokens", type=int, default=64, help="max generated tokens per sample (the duo splits it between its agents)")
@@ -663,6 +825,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "memory" in sections:
         res["memory"] = run_memory(args)
         write_csv(out / "memory_modes.csv", res["memory"], MEMORY_COLUMNS)
+    if "async" in sections:
+        res["async"], res["async_summary"] = run_async(args)
+        gc.collect()
+        write_csv(out / "async.csv", res["async"], ASYNC_COLUMNS)
     if "bandwidth" in sections:
         res["bandwidth"], res["bandwidth_info"] = run_bandwidth(args)
         write_csv(out / "bandwidth.csv", res["bandwidth"], BANDWIDTH_COLUMNS)

@@ -260,6 +260,11 @@ class TrainConfig:
     num_minibatches: int = field(default=1, metadata={"help": "Minibatches per agent per epoch."})
     collect_threads: int = field(default=0, metadata={"help": "CPU: torch threads while collecting rollouts; 0 = 1 (decode on two threads collapses on a busy machine: benchmarks/threads.py), capped by OMP_NUM_THREADS."})
     update_threads: int = field(default=0, metadata={"help": "CPU: torch threads for the estimate and update phases; 0 = 2, capped by the cores and OMP_NUM_THREADS."})
+    rollout_workers: int = field(default=0, metadata={"help": "Asynchronous rollouts: this many worker processes generate batches while the trainer updates (each with its own policy copy, synced after every update; see docs/async.md). 0 (default) = synchronous collection in the trainer's process."})
+    max_staleness: int = field(default=0, metadata={"help": "With rollout_workers > 0: a batch may come from a policy up to this many updates older than the one it trains (AReaL's bound). 0 = workers always generate with the newest weights (the run equals the synchronous one)."})
+    rollout_device: str = field(default="", metadata={"help": "With rollout_workers > 0: the device the workers generate on ('cpu', 'cuda:1', ...); '' = the trainer's `device`."})
+    rollout_timeout_s: float = field(default=1800.0, metadata={"help": "With rollout_workers > 0: seconds the trainer waits for a worker to start or to deliver a batch before the run stops with an error (never a hang)."})
+    rollout_restarts: int = field(default=0, metadata={"help": "With rollout_workers > 0: how many times a worker that died is restarted (its batches are generated again) before the run stops with an error."})
     micro_batch_tokens: int = field(default=-1, metadata={"help": f"Cap on the padded tokens (rows x longest prompt+response) of one training forward: a minibatch above it runs in pieces whose gradients add up before its one optimizer step (gradient accumulation; memory stops growing with the minibatch). 0 = no cap; -1 (the default) = {DEFAULT_MICRO_BATCH_TOKENS}, or 0 under distributed.strategy='fsdp' (which runs no micro-batches)."})
     # --- logging / checkpoints ---------------------------------------------------
     out_dir: str | None = field(default=None, metadata={"help": "Run directory (metrics, transcripts, checkpoints, plot)."})
@@ -327,6 +332,10 @@ class TrainConfig:
             "warmup_steps": 0, "ppo_epochs": 1, "num_minibatches": 1, "max_context": (8, " tokens"), "lora_r": 1,
             "micro_batch_tokens": (0, " (0 = no cap)"), "collect_threads": (0, " (0 = the phase's default)"), "update_threads": (0, " (0 = the phase's default)"),
         })
+        check_at_least(self, {"rollout_workers": (0, " (0 = synchronous collection)"), "max_staleness": 0, "rollout_restarts": 0})
+        _check(self.rollout_timeout_s > 0, f"rollout_timeout_s must be > 0, got {self.rollout_timeout_s}")
+        _check(not self.rollout_device or _valid_device(self.rollout_device),
+               f"unknown rollout_device {self.rollout_device!r}; use '' (the trainer's device), 'cpu', 'cuda:<index>' or another torch device string")
         _check(self.lora_alpha > 0, f"lora_alpha must be > 0 (the adapter's scale is alpha / r), got {self.lora_alpha}")
         check_at_least(self, {
             "log_every": 1, "save_every": (0, " (0 = only at the end)"), "keep_checkpoints": (0, " (0 = keep all)"),
@@ -459,7 +468,7 @@ class PPOLossConfig:
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
     beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
     kl_sample: int = field(default=16, metadata={"help": "Actions per agent and step on which two KL diagnostics are measured without gradient: agent/<a>/rollout_ref_kl, KL(rollout policy || reference) before the update (whatever beta is), and agent/<a>/update_kl, KL(rollout policy || updated policy) after it (what collapse recovery's kl_max watches); 0 = off."})
-    tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance sampling (TIS) cap C, used only when the engine keeps its own log-probs (engine_options logprob_source='engine'): the policy-gradient term is weighted by min(exp(trainer old log-prob - engine log-prob), C), per token (per action in action-level MARFT)."})
+    tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance sampling (TIS) cap C, used when the engine keeps its own log-probs (engine_options logprob_source='engine') and on stale batches of asynchronous rollouts (max_staleness > 0, docs/async.md): the policy-gradient term is weighted by min(exp(trainer old log-prob - engine log-prob), C), per token (per action in action-level MARFT)."})
 
     def __post_init__(self) -> None:
         _chain_post_init(self, PPOLossConfig)

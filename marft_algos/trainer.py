@@ -21,6 +21,7 @@ Register an algorithm with :func:`marft_algos.registry.register_algorithm`; the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from marft_algos.algorithm import Algorithm
+from marft_algos.async_rollout import AsyncRollout
 from marft_algos.behaviour import Behaviour, temperature_of
 from marft_algos.buffer import AgentBuffer, Minibatch, grouped_minibatch_indices
 from marft_algos.callbacks import Callback, default_callbacks, env_fault
@@ -136,7 +138,11 @@ class Trainer:
             logger = MetricsLogger(c.out_dir, tensorboard=c.tensorboard)
         self.logger = logger
         self.fault = env_fault()  # the crash tests' pause points (None outside them)
+        # rollout_workers > 0: batches come from worker processes (marft_algos.async_rollout)
+        self.rollout = AsyncRollout(self) if c.rollout_workers else None
         self.callbacks: list[Callback] = default_callbacks(self.fault) + [PerfStats()] + self.algorithm.callbacks() + list(callbacks)
+        if self.rollout is not None:
+            self.callbacks.append(self.rollout)
 
     # ---- construction ------------------------------------------------------------------
     def trainable_agents(self) -> list[str]:
@@ -207,12 +213,15 @@ class Trainer:
         dynamic sampling (``config.dynamic_sampling``) groups without signal are replaced."""
         for cb in self.callbacks:
             cb.on_collect_start(self)
-        # each rank plays its slice of the one global problem list; FSDP: each rank decodes on
-        # full local weights, no per-step collective
-        with torch.no_grad(), self.gathered(), phase_threads("collect", self.config.collect_threads, self.device):
-            batch = self.dist.collect(self.collector, self.groups_this_step())
-            if getattr(self.config, "dynamic_sampling", False):
-                batch = resample_groups(batch, self.collector, self.dist, self.groups_this_step(), self.algorithm.no_signal, self.config.max_resample_tries)
+        if self.rollout is not None:  # from the workers: generated while the last update ran
+            batch = self.rollout.next_batch()
+        else:
+            # each rank plays its slice of the one global problem list; FSDP: each rank decodes on
+            # full local weights, no per-step collective
+            with torch.no_grad(), self.gathered(), phase_threads("collect", self.config.collect_threads, self.device):
+                batch = self.dist.collect(self.collector, self.groups_this_step())
+                if getattr(self.config, "dynamic_sampling", False):
+                    batch = resample_groups(batch, self.collector, self.dist, self.groups_this_step(), self.algorithm.no_signal, self.config.max_resample_tries)
         for cb in self.callbacks:
             cb.on_batch(self, batch)
         return batch
@@ -580,11 +589,11 @@ class Trainer:
 
 
 def default_env_fn(config: TrainConfig) -> Callable[[], Any]:
-    """A factory of env copies: ``marft_envs.make(config.env_id, **config.env_kwargs)``."""
+    """A factory of env copies: ``marft_envs.make(config.env_id, **config.env_kwargs)`` (a
+    ``functools.partial``: picklable, so rollout workers can build the same envs)."""
     import marft_envs
 
-    env_id, kwargs = config.env_id, dict(config.env_kwargs)
-    return lambda: marft_envs.make(env_id, **kwargs)
+    return functools.partial(marft_envs.make, config.env_id, **dict(config.env_kwargs))
 
 
 def _policy_device(policy: Any, agents: Sequence[str]) -> torch.device:

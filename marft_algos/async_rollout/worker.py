@@ -1,0 +1,117 @@
+"""The rollout worker: a spawned process with its own policy copy and collector.
+
+Its policy is a copy of the trainer's (unpickled from ``policy_blob``: the same models,
+adapters and engine settings, custom policies included) or, with ``rollout_device`` set or
+an engine that cannot be pickled (vLLM), one built from the config (``make_policy`` on
+``rollout_device``). It builds a :class:`~marft_algos.rollout.RolloutCollector` on the same env factory, starts from
+the trainer's RNG state, then serves tasks in order. A task is one whole batch: the reset
+list (problem seeds, group ids) the trainer drew, the first episode id, and the oldest
+policy version allowed (``index - max_staleness``). Before each batch the worker waits
+until the published weights are recent enough, copies the newest ones in, and plays the
+whole batch with them: a GRPO group never mixes policy versions. The batch goes back with
+its version and the worker's busy / idle seconds.
+
+Messages to the trainer (its own result queue): ``("ready", pid)``, ``("batch", epoch,
+index, version, batch, busy_s, idle_s)``, ``("error", traceback)``. It exits on ``None``
+from its task queue, on Ctrl-C, and when the trainer's process is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Task", "worker_main"]
+
+_POLL_S = 0.02  # waiting for weights / tasks: short sleeps, the parent checked between them
+
+
+@dataclass(frozen=True)
+class Task:
+    """One batch to generate (see the module docstring)."""
+
+    epoch: int
+    index: int
+    resets: list[dict[str, Any]]
+    first_episode_id: int
+    min_version: int
+
+
+def _parent_alive(ppid: int) -> bool:
+    return os.getppid() == ppid
+
+
+def worker_main(
+    worker: int, config: Any, agents: list[str], roles: list[str], env_fn: Any, group_size: int,
+    shared: Any, tasks: Any, results: Any, rng: dict[str, Any], ppid: int, policy_blob: bytes | None = None,
+) -> None:
+    """Entry point of worker ``worker`` (see the module docstring)."""
+    import queue
+
+    try:
+        import dataclasses
+        import pickle
+
+        import torch
+
+        from marft_algos.async_rollout.weights import synced_parameters
+        from marft_algos.policy_factory import make_policy
+        from marft_algos.rollout import RolloutCollector
+        from marft_algos.seeding import set_rng_state
+        from marft_algos.threads import threads_for
+
+        cfg = config if not config.rollout_device else dataclasses.replace(config, device=config.rollout_device)
+        torch.set_num_threads(threads_for("collect", cfg.collect_threads))
+        policy = pickle.loads(policy_blob) if policy_blob is not None else make_policy(cfg, agents)
+        collector = RolloutCollector(
+            env_fn, policy, num_envs=cfg.num_envs, group_size=group_size, seed=cfg.seed, mode="train",
+            sampling_overrides=cfg.sampling_overrides, max_context=cfg.max_context, strict_context=cfg.strict_context,
+        )
+        params = synced_parameters(policy, roles)
+        set_rng_state(rng)  # after the policy's own initialisation drew from it
+        results.put(("ready", os.getpid()))
+        have = (-1, -1)
+        busy = idle = 0.0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                task = tasks.get(timeout=0.5)
+            except queue.Empty:
+                idle += time.perf_counter() - t0
+                if not _parent_alive(ppid):
+                    return
+                continue
+            if task is None:
+                return
+            while True:  # the weights this batch may use: same epoch, version >= min_version
+                epoch, version = shared.stamp()
+                if epoch > task.epoch or (epoch == task.epoch and version >= task.min_version):
+                    break
+                if not _parent_alive(ppid):
+                    return
+                time.sleep(_POLL_S)
+            idle += time.perf_counter() - t0
+            if epoch > task.epoch:
+                continue  # the trainer dropped this task (resume / rollback)
+            t1 = time.perf_counter()
+            if (epoch, version) != have:
+                have = shared.read_into(params)
+            collector.next_episode_id = task.first_episode_id
+            with torch.no_grad():
+                batch = collector.run(task.resets)
+            busy += time.perf_counter() - t1
+            results.put(("batch", task.epoch, task.index, have[1], batch, busy, idle))
+            busy = idle = 0.0
+    except KeyboardInterrupt:
+        return  # Ctrl-C reaches the whole process group: the trainer stops too
+    except BaseException:
+        try:
+            results.put(("error", traceback.format_exc()))
+            results.close()
+            results.join_thread()  # the message must leave before the process does
+        except Exception:
+            pass
+        raise SystemExit(1) from None
