@@ -61,7 +61,8 @@ class System:
 
     ``warm``: RL starts from per-role adapters that ``marft sft`` trained on the env's scripted
     demonstrations (issue 30 section 2). ``tier``: queue order (0 the baselines of issue 18,
-    1 the credit-assignment systems of issue 30, 2 the MALT/ReMA extras).
+    1 the credit-assignment systems of issue 30, 2 the MALT/ReMA extras, 3 the staleness check of
+    issue 31: one rollout worker at ``max_staleness`` 0, 1, 2).
     """
 
     name: str
@@ -104,6 +105,8 @@ SYSTEMS: list[System] = [
     System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True),
     System("malt-grpo", "malt", "grpo", _AGENTWISE, tier=2),
     System("rema-grpo", "rema", "grpo", _AGENTWISE, tier=2),
+    # asynchronous rollout workers (issue 31): does learning suffer at staleness 1 and 2?
+    *[System(f"duo-grpo-async-s{k}", "duo", "grpo", _AGENTWISE + (("rollout_workers", 1), ("max_staleness", k)), tier=3) for k in (0, 1, 2)],
 ]
 BY_NAME = {s.name: s for s in SYSTEMS}
 _TEAMS = ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")
@@ -125,9 +128,11 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
     *[(s.name, s.name.removesuffix("-warm")) for s in SYSTEMS if s.warm],
     *[(d, "solo-majk") for d in _BRANCHED],
+    # issue 31: staleness k - staleness 0, and the asynchronous run at staleness 0 against the synchronous one
+    ("duo-grpo-async-s1", "duo-grpo-async-s0"), ("duo-grpo-async-s2", "duo-grpo-async-s0"), ("duo-grpo-async-s0", "duo-grpo"),
 ]
 #: config fields a job's JSON keeps (what differs between systems)
-CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from")
+CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from", "rollout_workers", "max_staleness")
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
                  "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "status"]
 DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]

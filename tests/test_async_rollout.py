@@ -270,6 +270,31 @@ def test_resume_drops_in_flight_batches_and_counts_them(tmp_path):
         r.rollout.stop()
 
 
+def test_a_dropped_trainer_stops_its_workers_and_the_process_exits():
+    """A trainer driven by train_step (as benchmarks/equal_budget.py does) and dropped without
+    train()'s close: its workers stop when it is freed, and at exit the interpreter never waits
+    on a worker blocked on its task queue (it hung there before)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import gc, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_async_rollout import make, alive\n"
+        "t = make('grpo', rollout_workers=1, max_staleness=1)\n"
+        "t.train_step()\n"
+        "procs = list(t.rollout.procs)\n"
+        "assert alive(t)\n"
+        "del t; gc.collect()\n"
+        "assert not any(p.is_alive() for p in procs), 'the workers outlived their trainer'\n"
+        "t = make('grpo', rollout_workers=1, max_staleness=1)\n"
+        "t.train_step()\n"  # left alive at exit
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_bad_settings_are_refused_with_a_reason():
     with pytest.raises(ConfigError, match="rollout_workers must be >= 0"):
         GRPOConfig(rollout_workers=-1)

@@ -420,7 +420,8 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     assert q[5:20] == [(s, k) for k in (0, 1, 2) for s in core]
     credit = [s.name for s in eb.SYSTEMS if s.tier == 1]
     assert len(credit) == 7 and q[20:41] == [(s, k) for k in (0, 1, 2) for s in credit]
-    assert {s for s, _ in q[41:]} == {"malt-grpo", "rema-grpo"}
+    assert {s for s, _ in q[41:47]} == {"malt-grpo", "rema-grpo"}
+    assert q[47:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
     # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
     assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME)
     assert ("duo-grpo-branch", "duo-grpo") in eb.COMPARISONS and ("duo-marft-action-branch-warm", "duo-marft-action-branch") in eb.COMPARISONS

@@ -29,7 +29,6 @@ generated again) and otherwise stops the run with its exit status; no batch with
 
 from __future__ import annotations
 
-import atexit
 import logging
 import pickle
 import queue
@@ -68,10 +67,35 @@ def _exit_status(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _stop_at_exit(ref: Any) -> None:
-    pool = ref()
-    if pool is not None:
-        pool.stop()
+def _stop_workers(procs: list[Any], tasks: list[Any], results: list[Any]) -> None:
+    """Stop these worker processes: a stop message, then terminate, then kill; close their queues.
+
+    A module function over the pool's own lists (restarts replace their items in place), so
+    that the pool's finalizer can run it without holding the pool: a pool dropped without
+    ``stop()`` (a trainer used through ``train_step`` and discarded) or left at interpreter
+    exit still stops its workers, and the exit never waits on a worker blocked on its queue.
+    """
+    live = [p for p in procs if p is not None]
+    for q in tasks:
+        try:
+            if q is not None:
+                q.put(None)
+        except Exception:
+            pass
+    deadline = time.monotonic() + 5.0
+    for p in live:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in live:
+        if p.is_alive():
+            p.terminate()
+            p.join(2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+    for q in tasks + results:
+        if q is not None:
+            q.cancel_join_thread()  # never block the exit on a queue a dead process held
+            q.close()
 
 
 class AsyncRollout(Callback):
@@ -113,7 +137,7 @@ class AsyncRollout(Callback):
         self.buffer: dict[int, tuple] = {}
         self.lookahead: dict[str, Any] = {}
         self.wait_s = 0.0
-        atexit.register(_stop_at_exit, weakref.ref(self))  # a weak reference: a finished trainer is freed
+        self._finalizer: Any = None  # stops the workers when the pool is dropped or at exit (see _stop_workers)
 
     # ---- lifecycle ---------------------------------------------------------------------
     @property
@@ -130,6 +154,7 @@ class AsyncRollout(Callback):
         self.params = synced_parameters(t.policy, t.trainable_agents())
         self.shared = SharedWeights(self.params, self.ctx)
         self.procs, self.tasks, self.results = [None] * self.n, [None] * self.n, [None] * self.n
+        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.tasks, self.results)
         for w in range(self.n):
             self._spawn(w)
         for w in range(self.n):
@@ -172,28 +197,10 @@ class AsyncRollout(Callback):
 
     def stop(self) -> None:
         """Stop every worker (a stop message, then terminate, then kill); idempotent."""
-        procs, self.procs = [p for p in self.procs if p is not None], []
-        for q in self.tasks:
-            try:
-                if q is not None:
-                    q.put(None)
-            except Exception:
-                pass
-        deadline = time.monotonic() + 5.0
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(2.0)
-        for q in self.tasks + self.results:
-            if q is not None:
-                q.cancel_join_thread()  # never block the exit on a queue a dead process held
-                q.close()
-        self.tasks, self.results = [], []
+        if self._finalizer is not None:
+            self._finalizer()  # runs _stop_workers once, then is dead
+            self._finalizer = None
+        self.procs, self.tasks, self.results = [], [], []
         if self.outstanding:  # what was in flight is dropped: a later start issues it again
             self._count("rollout/dropped_batches", len(self.outstanding))
         self._clear()
