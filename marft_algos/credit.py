@@ -115,8 +115,9 @@ def tree_credit(
         qs = np.array([out.q[a] for a in kids], dtype=np.float64)
         out.v[node] = float(qs.mean())
         centred = qs - qs.mean()
-        if scale:
-            centred = centred / ((qs.std(ddof=1) if len(qs) > 1 else 0.0) + eps)
+        sd = qs.std(ddof=1) if len(qs) > 1 else 0.0
+        if scale and sd + eps > 0:  # a lone child or equal siblings: 0, never 0/0
+            centred = centred / (sd + eps)
         for a, adv in zip(kids, centred.tolist(), strict=True):
             out.advantage[a] = float(adv)
     return out
@@ -170,8 +171,9 @@ def step_group_advantages(
             continue
         x = g[idx]
         centred = x - x.mean()
-        if scale:
-            centred = centred / (x.std(ddof=1) + eps)
+        sd = x.std(ddof=1)
+        if scale and sd + eps > 0:
+            centred = centred / (sd + eps)
         adv[idx] = centred
     return adv
 
