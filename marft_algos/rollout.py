@@ -11,6 +11,8 @@ copies reset with the same seed (same problem). Topologies that change the agent
 at run time are followed as the env dictates (we never assume an order). With
 ``continuous_batching`` the rounds give way to ``policy.generate_stream``: each env's
 next request is submitted as soon as its previous action was stepped (docs/engines.md).
+With ``set_branching(b > 1)`` each env copy plays a tree of sibling actions instead of one
+episode (:mod:`marft_algos.branching`, docs/credit.md).
 """
 
 from __future__ import annotations
