@@ -98,7 +98,6 @@ def run_tree_chunk(col: Any, chunk: Sequence[dict[str, Any]], counters: dict[str
     """Play one tree per reset spec of ``chunk`` with collector ``col`` (round-based, every
     path's request in one generation round); the leaves' episodes, depth-first per root."""
     from marft_algos.models import GenRequest
-    from marft_algos.rollout import _action_text, _temperature
 
     roots = col._reset_chunk(chunk)
     live: list[_Path] = []
@@ -132,7 +131,7 @@ def run_tree_chunk(col: Any, chunk: Sequence[dict[str, Any]], counters: dict[str
             branch = opened is None and p.expand and (col.branch_depth == 0 or p.depth < col.branch_depth)
             width = col.branching if branch else 1
             requests += [GenRequest(role=role, prompt_ids=prompt_ids, sampling=sampling) for _ in range(width)]
-            owners.append((p, agent, prompt_ids, _temperature(sampling), tools, width))
+            owners.append((p, agent, prompt_ids, col.sampled_temperature(sampling), tools, width))
         live = still
         results = col._generate(requests, counters) if requests else []
         jobs: list[tuple[_Path, str, list[int], Any, float, Any, bool]] = [
@@ -154,7 +153,7 @@ def run_tree_chunk(col: Any, chunk: Sequence[dict[str, Any]], counters: dict[str
             pos += width
         if not jobs:
             continue
-        stepped = col._step_envs([(p.env, agent, _action_text(r), None) for p, agent, _, r, _, _, _ in jobs])
+        stepped = col._step_envs([(p.env, agent, col.action_text(r), None) for p, agent, _, r, _, _, _ in jobs])
         for (p, agent, ids, r, temp, tools, new_action), outcome in zip(jobs, stepped, strict=True):
             col._record_step(p.ep, (0, agent), ids, r, outcome, counters, temp, p.open_actions, tools)
             p.steps += 1

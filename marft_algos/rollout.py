@@ -235,6 +235,10 @@ class RolloutCollector:
         self._tools_cache: dict[tuple[str, str], bool] = {}
         self.branching, self.branch_expand, self.branch_depth = 1, "all", 0  # independent episodes
 
+    #: what :mod:`marft_algos.branching` reads of a generation result (it does not import this module)
+    action_text = staticmethod(_action_text)
+    sampled_temperature = staticmethod(_temperature)
+
     def set_branching(self, branching: int, expand: str = "all", depth: int = 0) -> None:
         """Play trees instead of independent episodes (:mod:`marft_algos.branching`): ``branching``
         sibling actions per agent turn, every sibling (``expand="all"``) or one at random

@@ -338,3 +338,20 @@ def test_two_ranks_split_whole_trees_and_equal_one_rank(tmp_path):
     assert r0["advantages"] + r1["advantages"] == pytest.approx([tr.advantage for tr in batch.transitions])
     for r in (r0, r1):
         assert_tree_close(r["adapters"], ref["adapters"])
+
+
+@pytest.mark.parametrize("env_id", ["echo-duo-v0", "arith-duo-v0", "arith-calc-duo-v0"])
+def test_text_envs_copy_exactly(env_id):
+    """A branch point deep-copies the env: the copy continues exactly as the original."""
+    import copy
+
+    env = marft_envs.make(env_id)
+    env.reset(seed=5)
+    env.step("7")
+    twin = copy.deepcopy(env)
+    for e in (env, twin):
+        e.step("The answer is 12. <calc>3*4</calc>")
+    assert twin.agent_selection == env.agent_selection
+    assert twin.messages(twin.agent_selection) == env.messages(env.agent_selection)
+    assert twin.rewards == env.rewards and twin.infos == env.infos
+    assert twin.terminations == env.terminations
