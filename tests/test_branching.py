@@ -355,3 +355,39 @@ def test_text_envs_copy_exactly(env_id):
     assert twin.messages(twin.agent_selection) == env.messages(env.agent_selection)
     assert twin.rewards == env.rewards and twin.infos == env.infos
     assert twin.terminations == env.terminations
+
+
+def test_marft_budgeted_tree_uses_the_critic_only_where_there_are_no_siblings():
+    from marft_algos.algos.marft_action import MARFTActionConfig, MARFTActionTrainer
+
+    t = MARFTActionTrainer(echo_config(MARFTActionConfig, **WORDS, num_envs=1, branching=2, branch_expand="random",
+                                       gamma_agent=0.9, plot=False), policy=letter_policy())
+    t.collector.policy = Decides("speaker")
+    batch = t.collector.collect()
+    t.estimate(batch)
+    assert len(batch.episodes) == 3  # 2 speakers; one of them branches into 2 listeners
+    li = [tr for tr in batch.transitions if tr.agent == "listener"]
+    by_speaker: dict = {}
+    for ep in batch.episodes:
+        by_speaker.setdefault(ep.transitions[0].action_key, []).append(ep.transitions[1])
+    for kids in by_speaker.values():
+        for tr in kids:
+            q = float(tr.team_reward)  # the listener's step scores: its return-to-go is the team reward
+            if len(kids) == 1:  # a single chain: the critic's V(o) is the baseline
+                assert tr.advantage == pytest.approx(q - tr.value) and tr.returns == pytest.approx(q)
+            else:
+                assert tr.advantage == 0.0  # siblings agree (the listener's format is noise)
+    assert sorted(len(k) for k in by_speaker.values()) == [1, 2] and len(li) == 3
+
+
+def test_agent_turn_grouping_in_the_trainer_equals_agent_wise_on_one_turn():
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
+
+    out = {}
+    for mode in ("agent", "agent_turn"):
+        t = GRPOTrainer(echo_config(GRPOConfig, **WORDS, num_envs=4, group_size=4, normalize_advantages=mode), policy=letter_policy())
+        t.collector.policy = Decides("speaker")
+        batch = t.collector.collect()
+        t.estimate(batch)
+        out[mode] = [(tr.agent, tr.advantage) for tr in batch.transitions]
+    assert out["agent"] == out["agent_turn"] and any(a for _, a in out["agent"])
