@@ -30,6 +30,9 @@ Builders
 - :func:`turn_level_advantages` -- MARS: each agent's own turn-level returns,
   normalised per agent (no critic; for per-agent rewards in games and self-play).
 
+Tree (counterfactual) credit for branching rollouts and GiGPO step groups are in
+:mod:`marft_algos.credit`.
+
 :func:`once_per_action` prepares per-transition rewards for the per-link estimators when
 an action spans several generated segments (tool calls): a reward repeated on every
 segment of an action enters once, at its last segment.
