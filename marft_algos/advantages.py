@@ -30,6 +30,9 @@ Builders
 - :func:`turn_level_advantages` -- MARS: each agent's own turn-level returns,
   normalised per agent (no critic; for per-agent rewards in games and self-play).
 
+Tree (counterfactual) credit for branching rollouts and GiGPO step groups are in
+:mod:`marft_algos.credit`.
+
 :func:`once_per_action` prepares per-transition rewards for the per-link estimators when
 an action spans several generated segments (tool calls): a reward repeated on every
 segment of an action enters once, at its last segment.
@@ -528,20 +531,24 @@ def grpo_advantages(
     eps: float = 1e-6,
     *,
     scale: bool | None = None,
+    turn_ids: ArrayLike | None = None,
 ) -> Any:
-    """Group-relative advantages (GRPO), with Dr. MAS agent-wise statistics as an option.
+    """Group-relative advantages (GRPO), with Dr. MAS agent-wise or AT-GRPO agent x turn statistics.
 
     For sample k of group g (samples of the same problem)::
 
         normalize="group":   A_k = (R_k - mean_g(R)) / (std_g(R) + eps)   ("global" before)
         normalize="agent":   A_k = (R_k - mean_{g,i}(R)) / (std_{g,i}(R) + eps)
+        normalize="agent_turn": A_k = (R_k - mean_{g,i,u}(R)) / (std_{g,i,u}(R) + eps)
         normalize="none":    A_k =  R_k - mean_g(R)       (centred, never scaled)
 
     where ``mean_{g,i}`` / ``std_{g,i}`` run over the samples of group g that belong to
     agent i = ``agent_ids[k]``. Dr. MAS: with one global baseline, an agent whose rewards
     sit on a different scale or level (e.g. a verifier that is right more often than the
     solver) shifts the baseline and the step size of the others; agent-wise statistics
-    give every agent its own zero-mean, unit-scale signal. ``scale_by_std=False`` keeps
+    give every agent its own zero-mean, unit-scale signal. AT-GRPO (PettingLLMs) splits each
+    agent's cell further by turn u = ``turn_ids[k]``: a sample is compared with the samples
+    of the same agent at the same turn of the same problem. ``scale_by_std=False`` keeps
     the centring but drops the division (Dr. GRPO: no per-group difficulty reweighting).
     ``std`` is the unbiased sample std (as TRL); a group (or group x agent cell) of one
     sample has std 0. All-equal groups give exactly 0, never NaN.
@@ -549,8 +556,9 @@ def grpo_advantages(
     Args:
         rewards: per sample, shape ``[K]``.
         group_ids: per sample group id.
-        agent_ids: per sample agent id (required for ``normalize="agent"``).
+        agent_ids: per sample agent id (required for ``normalize="agent"`` and ``"agent_turn"``).
         scale: alias of ``scale_by_std`` (the trainer's config name).
+        turn_ids: per sample turn (required for ``normalize="agent_turn"``).
 
     Returns:
         advantages, a tensor if ``rewards`` is a tensor, else a numpy float64 array.
@@ -561,15 +569,23 @@ def grpo_advantages(
         [0.7071, -0.7071, 0.0, 0.0]
         >>> grpo_advantages([1.0, 0.0, 1.0, 1.0], group_ids=[0, 0, 1, 1], normalize="none").tolist()
         [0.5, -0.5, 0.0, 0.0]
+
+    AT-GRPO: one agent at two turns; each turn has its own baseline::
+
+        >>> grpo_advantages([1.0, 0.0, 3.0, 1.0], [0] * 4, agent_ids=[0] * 4, turn_ids=[0, 0, 1, 1],
+        ...                 normalize="agent_turn", scale=False).tolist()
+        [0.5, -0.5, 1.0, -1.0]
     """
     if scale is not None:
         scale_by_std = scale
     if normalize == "global":  # the name of "group" before the one vocabulary
         normalize = "group"
-    if normalize not in ("group", "agent", "none"):
-        raise ValueError(f"normalize must be 'group', 'agent' or 'none', got {normalize!r}")
-    if normalize == "agent" and agent_ids is None:
-        raise ValueError("normalize='agent' needs agent_ids")
+    if normalize not in ("group", "agent", "agent_turn", "none"):
+        raise ValueError(f"normalize must be 'group', 'agent', 'agent_turn' or 'none', got {normalize!r}")
+    if normalize in ("agent", "agent_turn") and agent_ids is None:
+        raise ValueError(f"normalize={normalize!r} needs agent_ids")
+    if normalize == "agent_turn" and turn_ids is None:
+        raise ValueError("normalize='agent_turn' needs turn_ids")
     as_torch = torch.is_tensor(rewards)
     r = (rewards.detach().cpu().numpy() if as_torch else np.asarray(rewards)).astype(np.float64).reshape(-1)
     groups = np.asarray(group_ids.cpu() if torch.is_tensor(group_ids) else group_ids).reshape(-1)
@@ -578,6 +594,12 @@ def grpo_advantages(
     if normalize == "agent":
         agents = np.asarray(agent_ids.cpu() if torch.is_tensor(agent_ids) else agent_ids).reshape(-1)
         keys = list(zip(groups.tolist(), agents.tolist(), strict=True))
+    elif normalize == "agent_turn":
+        agents = np.asarray(agent_ids.cpu() if torch.is_tensor(agent_ids) else agent_ids).reshape(-1)
+        turns = np.asarray(turn_ids.cpu() if torch.is_tensor(turn_ids) else turn_ids).reshape(-1)
+        if turns.shape[0] != r.shape[0]:
+            raise ValueError(f"turn_ids has {turns.shape[0]} entries for {r.shape[0]} rewards")
+        keys = list(zip(groups.tolist(), agents.tolist(), turns.tolist(), strict=True))
     else:
         keys = groups.tolist()
     cells: dict[Any, list[int]] = {}
@@ -632,6 +654,7 @@ def turn_level_advantages(
     group_ids: ArrayLike | None = None,
     eps: float = 1e-6,
     action_ids: ArrayLike | None = None,
+    turn_ids: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """MARS's turn-level advantages with agent-specific normalisation (no critic).
 
@@ -646,6 +669,7 @@ def turn_level_advantages(
     whose returns sit on another scale does not rescale the others::
 
         normalize="agent":  A_k = (G_k - mean_i(G)) / (std_i(G) + eps)
+        normalize="agent_turn": the same per (agent, turn) cell (AT-GRPO; needs ``turn_ids``)
         normalize="batch":  A_k = (G_k - mean(G))   / (std(G) + eps)
         normalize="none":   A_k =  G_k
 
@@ -660,10 +684,11 @@ def turn_level_advantages(
         rewards, agent_ids: per action, length L, execution order.
         episode_ids: per action (contiguous episodes); default one episode.
         gamma: discount between an agent's consecutive turns.
-        normalize: ``"agent"``, ``"batch"`` or ``"none"``.
+        normalize: ``"agent"``, ``"agent_turn"``, ``"batch"`` or ``"none"``.
         group_ids: per action; statistics per (group, agent) / per group when given.
         action_ids: per entry, the action it belongs to (``Transition.action_key``): the tool
             segments of one action are one turn, undiscounted between them.
+        turn_ids: per entry, the env turn (``normalize="agent_turn"``).
 
     Returns:
         ``(advantages, returns)``: numpy float64 arrays of length L (``returns`` = G).
@@ -684,8 +709,10 @@ def turn_level_advantages(
     """
     r = np.asarray(rewards.detach().cpu() if torch.is_tensor(rewards) else rewards, dtype=np.float64).reshape(-1)
     n = r.shape[0]
-    if normalize not in ("agent", "batch", "none"):
-        raise ValueError(f"normalize must be 'agent', 'batch' or 'none', got {normalize!r}")
+    if normalize not in ("agent", "agent_turn", "batch", "none"):
+        raise ValueError(f"normalize must be 'agent', 'agent_turn', 'batch' or 'none', got {normalize!r}")
+    if normalize == "agent_turn" and turn_ids is None:
+        raise ValueError("normalize='agent_turn' needs turn_ids")
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     agents = list(np.asarray(agent_ids).reshape(-1).tolist())
@@ -710,8 +737,11 @@ def turn_level_advantages(
     if normalize == "none":
         return G.copy(), G
     cells: dict[Any, list[int]] = {}
+    turns = list(np.asarray(turn_ids).reshape(-1).tolist()) if turn_ids is not None else [0] * n
+    if len(turns) != n:
+        raise ValueError(f"turn_ids has {len(turns)} entries, expected {n}")
     for k in range(n):
-        key = (groups[k], agents[k]) if normalize == "agent" else groups[k]
+        key = (groups[k], agents[k]) if normalize == "agent" else (groups[k], agents[k], turns[k]) if normalize == "agent_turn" else groups[k]
         cells.setdefault(key, []).append(k)
     adv = np.zeros(n)
     for idx in cells.values():

@@ -47,6 +47,7 @@ from marft_algos.registry import algorithm_name
 
 __all__ = [
     "ADVANTAGE_NORMALIZATION",
+    "BranchingConfig",
     "ConfigError",
     "DEFAULT_MICRO_BATCH_TOKENS",
     "CriticConfig",
@@ -92,9 +93,9 @@ class _AlgorithmName:
         return algorithm_name(owner)
 
 
-#: advantage normalisation modes: raw advantages, whitened over the batch, per agent, or
-#: group-relative (GRPO's groups of episodes sharing a problem)
-ADVANTAGE_NORMALIZATION = ("none", "batch", "agent", "group")
+#: advantage normalisation modes: raw advantages, whitened over the batch, per agent, per agent
+#: and turn (AT-GRPO), or group-relative (GRPO's groups of episodes sharing a problem)
+ADVANTAGE_NORMALIZATION = ("none", "batch", "agent", "agent_turn", "group")
 
 
 def check_normalization(value: str, allowed: tuple[str, ...], algo: str) -> None:
@@ -478,6 +479,25 @@ class PPOLossConfig:
         _check(self.importance_ratio in ("token", "sequence", "turn"), f"importance_ratio must be 'token', 'sequence' or 'turn', got {self.importance_ratio!r}")
         check_at_least(self, {"ent_coef": 0, "beta": 0, "kl_sample": 0})
         _check(self.tis_cap > 0 and math.isfinite(self.tis_cap), f"tis_cap must be a positive finite number, got {self.tis_cap}")
+
+
+@dataclass
+class BranchingConfig:
+    """Branching rollouts and tree (counterfactual) credit (:mod:`marft_algos.branching`, docs/credit.md)."""
+
+    branching: int = field(default=1, metadata={"help": "Sibling actions sampled at each agent turn from one observation (the env is copied; the tree continues below every sibling): each action's advantage is its leaves' mean return minus the mean over its siblings (counterfactual credit, predecessors held fixed). 1 = independent episodes (today's rollouts). Leaves per root copy: branching^actions with branch_expand='all'."})
+    branch_expand: str = field(default="all", metadata={"help": "branching > 1: 'all' (full tree: every sibling branches again; for small teams) or 'random' (budgeted tree: one sibling drawn at random branches on, the others are played out as single chains: 1 + (branching - 1) x actions leaves per root copy)."})
+    branch_depth: int = field(default=0, metadata={"help": "branching > 1: branch only at the first N actions of each path (0 = at every action)."})
+
+    def __post_init__(self) -> None:
+        _chain_post_init(self, BranchingConfig)
+        check_at_least(self, {"branching": (1, " (1 = independent episodes)"), "branch_depth": (0, " (0 = every action)")})
+        _check(self.branch_expand in ("all", "random"), f"branch_expand must be 'all' or 'random', got {self.branch_expand!r}")
+
+    def branch_collector(self, collector: Any) -> None:
+        """Switch ``collector`` to trees when ``branching > 1`` (nothing changes at 1)."""
+        if self.branching > 1:
+            collector.set_branching(self.branching, self.branch_expand, self.branch_depth)
 
 
 @dataclass

@@ -84,6 +84,11 @@ class Transition:
         flags: env info flags of this step (e.g. "empty_action", "action_truncated").
         info: the env's info dict for the agent after the step (JSON-safe parts).
         trainable: False for actions that must not be trained on (overlong prompts).
+        shadow: True for this episode's copy of an action another episode owns (a branching
+            rollout, :mod:`marft_algos.branching`: sibling episodes share the actions above
+            their branch point). It completes this episode's path (returns, transcripts)
+            but the action is counted, estimated and trained once, on its owner:
+            :attr:`RolloutBatch.transitions` leaves shadows out.
         value / advantage / returns: filled by the trainer's advantage estimator.
         extras: what the collector attaches per action beyond the fields above (the chat
             ``prompt`` messages, for transcripts). The trainer's own per-action numbers
@@ -113,6 +118,7 @@ class Transition:
     flags: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     trainable: bool = True
+    shadow: bool = False
     value: float | None = None
     advantage: float | None = None
     returns: float | None = None
@@ -267,8 +273,9 @@ class RolloutBatch:
 
     @property
     def transitions(self) -> list[Transition]:
-        """Every transition, episode by episode, in execution order."""
-        return [t for ep in self.episodes for t in ep.transitions]
+        """Every action once, episode by episode, in execution order (a branching rollout's
+        shadow copies, :attr:`Transition.shadow`, are left out: each is its owner's)."""
+        return [t for ep in self.episodes for t in ep.transitions if not t.shadow]
 
     def agent_transitions(self, agent: str, trainable_only: bool = True) -> list[Transition]:
         """``agent``'s transitions (trainable ones only by default)."""

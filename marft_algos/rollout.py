@@ -11,6 +11,8 @@ copies reset with the same seed (same problem). Topologies that change the agent
 at run time are followed as the env dictates (we never assume an order). With
 ``continuous_batching`` the rounds give way to ``policy.generate_stream``: each env's
 next request is submitted as soon as its previous action was stepped (docs/engines.md).
+With ``set_branching(b > 1)`` each env copy plays a tree of sibling actions instead of one
+episode (:mod:`marft_algos.branching`, docs/credit.md).
 """
 
 from __future__ import annotations
@@ -231,6 +233,25 @@ class RolloutCollector:
         self.episodes_collected = 0
         self._sampling_cache: dict[tuple[str, str], Any] = {}
         self._tools_cache: dict[tuple[str, str], bool] = {}
+        self.branching, self.branch_expand, self.branch_depth = 1, "all", 0  # independent episodes
+
+    #: what :mod:`marft_algos.branching` reads of a generation result (it does not import this module)
+    action_text = staticmethod(_action_text)
+    sampled_temperature = staticmethod(_temperature)
+
+    def set_branching(self, branching: int, expand: str = "all", depth: int = 0) -> None:
+        """Play trees instead of independent episodes (:mod:`marft_algos.branching`): ``branching``
+        sibling actions per agent turn, every sibling (``expand="all"``) or one at random
+        (``"random"``) branching on, at a path's first ``depth`` actions (0: all). 1: today's episodes."""
+        from marft_algos.branching import BRANCH_EXPAND
+
+        if isinstance(branching, bool) or not isinstance(branching, int) or branching < 1:
+            raise ValueError(f"branching must be an int >= 1 (1 = independent episodes), got {branching!r}")
+        if expand not in BRANCH_EXPAND:
+            raise ValueError(f"branch_expand must be one of {list(BRANCH_EXPAND)}, got {expand!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"branch_depth must be an int >= 0 (0 = every action), got {depth!r}")
+        self.branching, self.branch_expand, self.branch_depth = branching, expand, depth
 
     # --- state (checkpointed: the problem stream continues exactly on resume) --------
     def state_dict(self) -> dict[str, Any]:
@@ -327,6 +348,10 @@ class RolloutCollector:
         return episodes
 
     def _run_chunk(self, chunk: Sequence[dict[str, Any]], counters: dict[str, float]) -> list[Episode]:
+        if self.branching > 1:  # trees: every path's request in one round (docs/credit.md)
+            from marft_algos.branching import run_tree_chunk
+
+            return run_tree_chunk(self, chunk, counters)
         if self.continuous_batching and callable(getattr(self.policy, "generate_stream", None)):
             return self._run_chunk_stream(chunk, counters)
         episodes = self._reset_chunk(chunk)
@@ -726,7 +751,8 @@ class RolloutCollector:
         by_agent: dict[str, list[Transition]] = defaultdict(list)
         for ep in episodes:
             for t in ep.transitions:
-                by_agent[t.agent].append(t)
+                if not t.shadow:  # a branching tree's shared action counts once, on its owner
+                    by_agent[t.agent].append(t)
         self._warn_idle(set(by_agent), len(episodes))
         m.update(component_and_route_metrics(episodes, routed=self._routed()))
         m.update(agent_reward_metrics(episodes))
@@ -762,7 +788,8 @@ def agent_reward_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     for ep in episodes:
         acted = dict.fromkeys(t.agent for t in ep.transitions)
         for t in ep.transitions:
-            credits[t.agent].append(t.credited_reward)
+            if not t.shadow:
+                credits[t.agent].append(t.credited_reward)
         for agent in acted:
             returns[agent].append(ep.agent_return(agent))
     out: dict[str, float] = {}

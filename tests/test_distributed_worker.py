@@ -80,7 +80,17 @@ def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if scenario.startswith("equiv-"):  # one update on this rank's slice of a fixed batch
+    if scenario == "tree-grpo":  # branching: each rank collects whole trees, then updates on its trees of a fixed batch
+        t = make_trainer("grpo", branching=2)
+        own = t.collect()
+        leaves = {g: len(eps) for g, eps in own.groups().items()}
+        batch = local_slice(pickle.loads((out / "batch.pkl").read_bytes()), rank, world)
+        t.estimate(batch)
+        t.update(batch)
+        state = trainer_state(t)
+        state.update(leaves=leaves, advantages=[tr.advantage for tr in batch.transitions])
+        torch.save(state, out / f"rank{rank}.pt")
+    elif scenario.startswith("equiv-"):  # one update on this rank's slice of a fixed batch
         algo = scenario.split("-", 1)[1]
         t = make_trainer(algo)
         batch = local_slice(pickle.loads((out / "batch.pkl").read_bytes()), rank, world)

@@ -20,6 +20,7 @@ from marft_algos import losses
 from marft_algos.algorithm import Algorithm, Terms, whiten
 from marft_algos.buffer import token_field
 from marft_algos.config import (
+    BranchingConfig,
     ConfigError,
     CriticConfig,
     PPOLossConfig,
@@ -40,7 +41,7 @@ def _check(cond: bool, msg: str) -> None:
 
 
 @dataclass
-class MARFTConfig(CriticConfig, PPOLossConfig, TrainConfig):
+class MARFTConfig(BranchingConfig, CriticConfig, PPOLossConfig, TrainConfig):
     """Settings shared by action- and token-level MARFT (chain GAE, PPO, critic, schedule, recovery)."""
 
     # --- chain GAE -----------------------------------------------------------------
@@ -111,6 +112,34 @@ class MARFTBase(Algorithm):
 
         c = self.config
         self.critic = Critic(self.trainer.policy, self.agents, per_agent=c.critic_per_agent, lora=c.critic_lora, value_model=self._value_model_arg)
+        c.branch_collector(self.collector)  # branching > 1: trees (marft_algos.branching)
+
+    # ---- tree credit (branching > 1) ----------------------------------------------------
+    def tree_credit(self, batch: RolloutBatch) -> Any:
+        """The batch's tree statistics (:func:`marft_algos.credit.tree_credit`) on each leaf's
+        return-to-go from every action of its path: the actions' own step rewards, discounted
+        by ``gamma_agent`` (hop inside a turn) and ``gamma_turn`` (hop to the next turn) like
+        the chain GAE, with no bootstrap (a Monte-Carlo return). ``q[a]`` is then an action's
+        Monte-Carlo value, ``v[node]`` the value of the observation its siblings share."""
+        from marft_algos.branching import tree_paths
+        from marft_algos.credit import leaf_returns_to_go, tree_credit
+
+        c = self.config
+        paths = tree_paths(batch.episodes)
+        returns = []
+        for ep, path in zip(batch.episodes, paths, strict=True):
+            reward: dict[Any, float] = {}
+            turn: dict[Any, int] = {}
+            for t in ep.transitions:  # an action's tool segments add up (one action)
+                reward[t.action_key] = reward.get(t.action_key, 0.0) + float(t.reward)
+                turn.setdefault(t.action_key, t.turn)
+            keys = [a for _, a in path]
+            hops = [c.gamma_agent if turn[b] == turn[a] else c.gamma_turn for a, b in zip(keys, keys[1:], strict=False)] + [0.0]
+            returns.append(leaf_returns_to_go([reward[k] for k in keys], hops))
+        credit = tree_credit(paths, returns)
+        batch.metrics["train/tree_nodes"] = float(len(credit.children))
+        batch.metrics["train/tree_branch_nodes"] = float(sum(len(k) > 1 for k in credit.children.values()))
+        return credit
 
     def param_groups(self) -> dict[str, tuple[list[torch.nn.Parameter], float]]:
         """The critic's group (``critic`` terms: :data:`~marft_algos.optim.CRITIC_KEY`)."""

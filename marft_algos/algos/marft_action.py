@@ -80,6 +80,9 @@ class MARFTAction(ActionValueEstimation, MARFTBase):
         trs = self.valued_transitions(batch)
         if not trs:
             return
+        if c.branching > 1:
+            self._tree_estimate(batch, trs)
+            return
         adv, ret = action_level_gae(
             [t.reward for t in trs],
             [t.value for t in trs],
@@ -91,6 +94,30 @@ class MARFTAction(ActionValueEstimation, MARFTBase):
         )
         for t, a, r in zip(trs, adv.tolist(), ret.tolist(), strict=True):
             t.advantage, t.returns = float(a), float(r)
+
+        def put(t: Transition, v: Any) -> None:
+            t.advantage = float(v)
+
+        self.normalize(batch, lambda t: t.advantage, put)
+
+    def _tree_estimate(self, batch: RolloutBatch, trs: list[Transition]) -> None:
+        """``branching > 1``: the tree's Monte-Carlo values replace the chain GAE.
+
+        The critic's target for an action's observation is ``V(node)``, the mean of the
+        Monte-Carlo values of the siblings sampled there (an unbiased return of that very
+        observation, where GAE would bootstrap from the critic's own early guesses); the
+        advantage is ``Q(a) - V(node)`` (counterfactual: the predecessors are held fixed)
+        where the node has siblings, and ``Q(a) - V_critic(o)`` where it has one action (a
+        budgeted tree's single chains): the critic is the baseline only where the tree has none.
+        """
+        credit = self.tree_credit(batch)
+        for t in trs:
+            node = credit.parent[t.action_key]
+            t.returns = credit.v[node]
+            if len(credit.children[node]) > 1:
+                t.advantage = credit.advantage[t.action_key]
+            else:
+                t.advantage = credit.q[t.action_key] - float(t.value or 0.0)
 
         def put(t: Transition, v: Any) -> None:
             t.advantage = float(v)

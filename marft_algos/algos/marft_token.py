@@ -114,11 +114,15 @@ class MARFTToken(MARFTBase):
         est = batch.estimates
         if any(est[t].token_values is None for t in trs):
             self.compute_values(batch)
+        rewards, turns, chains = [t.reward for t in trs], [t.turn for t in trs], [t.episode_id for t in trs]
+        if c.branching > 1:  # each action is its own chain, ending in its tree value Q(a) (docs/credit.md)
+            q = self.tree_credit(batch).q
+            rewards, turns, chains = [q[t.action_key] for t in trs], [0] * len(trs), list(range(len(trs)))
         adv, ret = token_level_backup(
-            [t.reward for t in trs],
+            rewards,
             [est[t].token_values for t in trs],
-            [t.turn for t in trs],
-            [t.episode_id for t in trs],
+            turns,
+            chains,
             gamma_token=c.gamma_token,
             lam_token=c.lam_token,
             # a non-trainable action (prompt over the context) has no value: pass it through
