@@ -254,19 +254,19 @@ for _team, _what in _CODE_TEAMS.items():
 # (marft_envs.games, marft_envs.dialogue); their doc pages come from those packages.
 builtin(
     "game-nim-v0",
-    "marft_envs.games:nim_env",
+    "marft_envs.games:NimEnv",
     kwargs={},
     description="zero-sum Nim (one pile, take 1-3, last stone wins); optimal play known",
 )
 builtin(
     "game-matrix-v0",
-    "marft_envs.games:matrix_env",
+    "marft_envs.games:MatrixGameEnv",
     kwargs={},
     description="general-sum matrix game (prisoner's dilemma; game=, rounds=)",
 )
 builtin(
     "dialogue-doctor-v0",
-    "marft_envs.dialogue:doctor_env",
+    "marft_envs.dialogue:DoctorDialogueEnv",
     kwargs={},
     description="doctor questions a scripted patient with a hidden case card, then diagnoses",
 )

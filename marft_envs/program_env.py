@@ -237,6 +237,13 @@ async def _placeholder(team: Any, problem: Any) -> None:
     """Stands in for WorkflowEnv's coroutine program (a ProgramEnv drives a thread instead)."""
 
 
+def _seconds(name: str, value: float, *, zero_ok: bool = True) -> float:
+    """``value`` as float seconds; a clear error when it is negative (or 0 where not ``zero_ok``)."""
+    if not (value >= 0 if zero_ok else value > 0):  # `not` so that NaN fails too
+        raise ValueError(f"{name} must be {'>=' if zero_ok else '>'} 0, got {value!r}")
+    return float(value)
+
+
 class ProgramEnv(WorkflowEnv):
     """A program that calls an OpenAI-compatible endpoint, run as an AEC env (module docstring).
 
@@ -244,8 +251,6 @@ class ProgramEnv(WorkflowEnv):
         program: ``program(base_url, problem)`` (sync or ``async def``) or ``"module:function"``.
         roles: the role names (the ``model`` values the program may use).
         problems: a Task, a task name (``"arith"``) or a list of problems (as :class:`WorkflowEnv`).
-        sampling: per-role sampling settings for the trainer.
-        max_calls: call budget per episode.
         program_timeout_s: longest wait for the program's next call or return.
         reward_grace_s: after the program returns, how long to wait for reward components
             posted to ``{base_url}/reward`` (0: only those posted before it returned).
@@ -254,6 +259,9 @@ class ProgramEnv(WorkflowEnv):
             long before selecting it, so that the sibling requests of a fan-out are all
             :meth:`pending_calls` together (the collector answers them in one engine batch);
             0 selects at once (a sequential program then loses nothing).
+        options: :class:`WorkflowEnv`'s keyword arguments (``sampling``: per-role sampling
+            settings for the trainer, ``max_calls``: call budget per episode,
+            ``max_action_chars``, ``max_prompt_chars``, ``render_mode``) and the task's options.
     """
 
     metadata = {"name": "program_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
@@ -264,31 +272,18 @@ class ProgramEnv(WorkflowEnv):
         roles: Sequence[str],
         problems: Task | str | Sequence[Any] = "arith",
         *,
-        sampling: Mapping[str, Any] | None = None,
-        max_calls: int = 32,
         program_timeout_s: float = 120.0,
         reward_grace_s: float = 0.0,
         parser: str = "hermes",
         fanout_window_s: float = 0.02,
-        max_action_chars: int = 4096,
-        max_prompt_chars: int = 262_144,
-        render_mode: str | None = None,
-        **task_options: Any,
+        **options: Any,
     ) -> None:
-        super().__init__(_placeholder, roles, problems, sampling=sampling, max_calls=max_calls,
-                         max_action_chars=max_action_chars, max_prompt_chars=max_prompt_chars,
-                         render_mode=render_mode, **task_options)
+        super().__init__(_placeholder, roles, problems, **options)
         self.program = _resolve(program)
-        if not program_timeout_s > 0:
-            raise ValueError(f"program_timeout_s must be > 0, got {program_timeout_s!r}")
-        self.program_timeout_s = float(program_timeout_s)
-        if not reward_grace_s >= 0:
-            raise ValueError(f"reward_grace_s must be >= 0, got {reward_grace_s!r}")
-        self.reward_grace_s = float(reward_grace_s)
+        self.program_timeout_s = _seconds("program_timeout_s", program_timeout_s, zero_ok=False)
+        self.reward_grace_s = _seconds("reward_grace_s", reward_grace_s)
         self.parser = parser
-        if not fanout_window_s >= 0:
-            raise ValueError(f"fanout_window_s must be >= 0, got {fanout_window_s!r}")
-        self.fanout_window_s = float(fanout_window_s)
+        self.fanout_window_s = _seconds("fanout_window_s", fanout_window_s)
         self.metadata = {**type(self).metadata, "name": f"program_{getattr(self.program, '__name__', 'program')}_v0"}
         self.stats.update({"program_timeouts": 0, "unknown_roles": 0})
         self._ep: _Episode | None = None

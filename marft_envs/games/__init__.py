@@ -113,17 +113,10 @@ __all__ = [
     "RandomPlayer",
     "TextGameEnv",
     "match_outcomes",
-    "matrix_env",
-    "nim_env",
     "optimal_take",
     "play_episode",
     "textarena_env",
 ]
-
-
-def nim_env(**kwargs: Any) -> NimEnv:
-    """``game-nim-v0``'s entry point: ``NimEnv(**kwargs)``."""
-    return NimEnv(**kwargs)
 
 
 def textarena_env(**kwargs: Any) -> Any:
@@ -131,8 +124,3 @@ def textarena_env(**kwargs: Any) -> Any:
     from marft_envs.games.textarena_adapter import TextArenaGameEnv
 
     return TextArenaGameEnv(**kwargs)
-
-
-def matrix_env(**kwargs: Any) -> MatrixGameEnv:
-    """``game-matrix-v0``'s entry point: ``MatrixGameEnv(**kwargs)``."""
-    return MatrixGameEnv(**kwargs)
