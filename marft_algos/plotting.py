@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_algos.costs import cost_components as _cost_components
+from marft_algos.logging import read_metrics
 
 __all__ = ["plot_learning_curve", "curve_panels", "learning_curve_figure", "COST_PANEL", "ZERO_SIGNAL_PANEL"]
 
@@ -86,6 +87,7 @@ def curve_panels(
 
 def _integer_steps(ax: Any, steps: list[int]) -> None:
     """Integer step ticks: every step on a short run (one step included), else a few integers."""
+    # deferred: matplotlib is heavy and only needed to draw
     from matplotlib.ticker import MaxNLocator
 
     lo, hi = min(steps), max(steps)
@@ -105,9 +107,11 @@ def learning_curve_figure(
     ``smooth``: window of the team reward's running mean; ``title``: replaces the team
     reward panel's title; ``panel_options``: the keyword arguments of :func:`curve_panels`
     (``keys``, ``agent_keys``, ``cost_keys``, ``cost_components``)."""
+    # deferred: matplotlib is heavy and only needed to draw
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: matplotlib is heavy and only needed to draw
     import matplotlib.pyplot as plt
 
     panels = curve_panels(rows, **panel_options)
@@ -161,9 +165,8 @@ def plot_learning_curve(metrics_path: str | Path, out_png: str | Path, **options
     (:func:`learning_curve_figure`, which takes ``options``: ``smooth``, ``title`` and the
     panel keys). Returns the PNG path, or None when there is nothing to plot.
     """
+    # deferred: matplotlib is heavy and only needed to draw
     import matplotlib.pyplot as plt
-
-    from marft_algos.logging import read_metrics
 
     fig = learning_curve_figure(read_metrics(metrics_path), **options)
     if fig is None:

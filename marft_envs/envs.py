@@ -52,7 +52,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from marft_envs.games.textarena_adapter import TEXTARENA_GAMES, textarena_available
 from marft_envs.registration import EnvSpec, Error, register, registry
+from marft_envs.text_env import TextTeamEnv
 
 __all__ = [
     "BUILTIN_ENV_IDS",  # noqa: F822 - module __getattr__: read after every block has run
@@ -229,8 +231,6 @@ def make_code_env(*, dataset: str = "humaneval", split: str | None = None,
                   reward: Any = None, timeout: float = 10.0, memory_mb: int = 1024,
                   isolation: str | None = None, **env_kwargs: Any) -> Any:
     """A code env (the entry point of ``code-*``); see ``FAMILIES["code"]``."""
-    from marft_envs.text_env import TextTeamEnv
-
     if dataset not in CODE_DATASETS:
         raise ValueError(f"unknown code dataset {dataset!r}; choose from {sorted(CODE_DATASETS)}")
     task_path, default_split = CODE_DATASETS[dataset]
@@ -274,7 +274,6 @@ builtin(
 
 def _textarena_games() -> None:
     # Only when the optional extra is installed (checked without importing textarena).
-    from marft_envs.games.textarena_adapter import TEXTARENA_GAMES, textarena_available
 
     if textarena_available():
         for env_id, (ta_id, _) in TEXTARENA_GAMES.items():

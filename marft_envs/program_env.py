@@ -59,15 +59,19 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import json
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from marft_envs.registration import register, registry
 from marft_envs.tasks.base import Task
+from marft_envs.tools.parsers import get_parser
 from marft_envs.workflow import WorkflowCall, WorkflowEnv
 from marft_envs.workflow import _reward_components as _components_and_why
 
@@ -125,6 +129,7 @@ class _Hub:
     def url(self, ep: _Episode) -> str:
         with self.lock:
             if self.server is None:
+                # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
                 from marft_algos.serve.app import build_app
                 from marft_algos.serve.server import LoopbackServer
 
@@ -139,6 +144,7 @@ class _Hub:
             self.episodes.pop(ep.id, None)
 
     def _episode(self, episode: str | None) -> _Episode:
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.serve.protocol import OpenAIError
 
         ep = self.episodes.get(episode or "")
@@ -159,6 +165,7 @@ class _Hub:
 
     def reward(self, episode: str, body: Any) -> dict[str, Any]:
         """``POST .../reward {"components": {name: number}}``: reward components for the episode."""
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.serve.protocol import OpenAIError
 
         ep = self._episode(episode)
@@ -293,6 +300,7 @@ class ProgramEnv(WorkflowEnv):
     # ------------------------------------------------------------ the server side
     def _on_call(self, ep: _Episode, call: Any) -> Future:
         """A request of episode ``ep``'s program (server thread): queue it, or refuse it."""
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.models.sampling import GenResult
         from marft_algos.serve.protocol import OpenAIError
 
@@ -343,6 +351,7 @@ class ProgramEnv(WorkflowEnv):
         ep, self._ep = self._ep, None
         if ep is None:
             return
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.serve.protocol import OpenAIError
 
         with ep.cond:
@@ -461,6 +470,7 @@ class ProgramEnv(WorkflowEnv):
 
     def _act(self, agent: str, text: str, flags: list[str]) -> None:
         """Answer the selected call with ``text``; wait for the next call (or the end)."""
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.models.sampling import GenResult
 
         self._step_flags = list(flags)
@@ -521,8 +531,6 @@ class ProgramEnv(WorkflowEnv):
         msgs = super().messages(agent)
         tools = self.tools(agent)
         if tools and inline_tools is not False:
-            from marft_envs.tools.parsers import get_parser
-
             text = get_parser(self.parser).instructions(tools)
             if msgs and msgs[0]["role"] == "system":
                 msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']}\n\n{text}" if msgs[0]["content"] else text}
@@ -565,9 +573,6 @@ class ProgramEnv(WorkflowEnv):
 
 def _chat(base_url: str, role: str, content: str) -> str:
     """One chat completion over plain HTTP (``urllib``: the example needs no client package)."""
-    import json
-    import urllib.request
-
     body = json.dumps({"model": role, "messages": [{"role": "user", "content": content}]}).encode()
     req = urllib.request.Request(f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
@@ -591,8 +596,6 @@ def _register() -> None:
     """``program-v0`` (``marft_envs.program_env:program-v0`` imports this module first):
     kwargs ``program`` ("module:function"), ``roles``, ``problems`` and the env options;
     by default :func:`example_program` (solver, checker) on arith."""
-    from marft_envs.registration import register, registry
-
     if "program-v0" not in registry:
         register("program-v0", "marft_envs.program_env:make_program_env",
                  kwargs={"program": "marft_envs.program_env:example_program", "roles": ["solver", "checker"],

@@ -11,7 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+import marft_envs
 from marft_algos.evaluation.report import wilson
+from marft_algos.rollout import RolloutCollector
 
 __all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "episode_score", "run_samples", "summarize", "by_problem", "overlong_agents",
            "agent_tool_stats", "COST_COMPONENTS"]
@@ -85,11 +89,6 @@ def play(
     ``temperature`` / ``max_new_tokens`` override every agent's eval sampling (None: the
     profiles' own).
     """
-    import torch
-
-    import marft_envs
-    from marft_algos.rollout import RolloutCollector
-
     kwargs = {**(env_kwargs or {}), "split": split}
     agents = marft_envs.spec(env_id).agents_for(**kwargs)
     resets = _resets(problems, k, seed)

@@ -69,6 +69,7 @@ class LoopbackServer:
 
     def start(self) -> LoopbackServer:
         """Bind, start the thread, and wait until the server is up."""
+        # deferred: uvicorn is needed only to serve over a socket
         import uvicorn
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET

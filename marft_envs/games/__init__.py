@@ -101,6 +101,7 @@ from typing import Any
 from marft_envs.games.base import GAME_SPLITS, Player, TextGameEnv, match_outcomes, play_episode
 from marft_envs.games.matrix import MATRIX_GAMES, FixedPlayer, MatrixGameEnv, RandomPlayer
 from marft_envs.games.nim import NimEnv, OptimalNimPlayer, optimal_take
+from marft_envs.games.textarena_adapter import TextArenaGameEnv
 
 __all__ = [
     "GAME_SPLITS",
@@ -121,6 +122,4 @@ __all__ = [
 
 def textarena_env(**kwargs: Any) -> Any:
     """Entry point of the TextArena-backed ids (optional extra): ``TextArenaGameEnv(**kwargs)``."""
-    from marft_envs.games.textarena_adapter import TextArenaGameEnv
-
     return TextArenaGameEnv(**kwargs)
