@@ -68,6 +68,7 @@ from marft_algos.evaluation.samples import (
     summarize,
     to_record,
 )
+from marft_algos.protocols import RolloutPolicy
 from marft_algos.rollout import RolloutCollector, make_sampling
 
 __all__ = ["COMPARE_COLUMNS", "UNTRAINED", "run_compare", "replay_frozen", "agent_stats", "answering_roles"]
@@ -114,7 +115,7 @@ def answering_roles(env: Any) -> set[str] | None:
 
 
 def replay_frozen(
-    policy: Any,
+    policy: RolloutPolicy,
     episodes: Sequence[Any],
     sampling: dict[str, Any],
     *,

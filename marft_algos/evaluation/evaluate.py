@@ -21,6 +21,7 @@ import marft_envs
 from marft_algos.evaluation.errors import EvaluationError
 from marft_algos.evaluation.policies import check_roles, checkpoint_env, checkpoint_policy
 from marft_algos.evaluation.report import wilson_interval
+from marft_algos.protocols import RolloutPolicy, TextEnv
 from marft_algos.rollout import RolloutCollector
 
 if TYPE_CHECKING:
@@ -77,10 +78,10 @@ class EvalResult:
 
 
 def evaluate(
-    policy: Any,
+    policy: RolloutPolicy,
     env_id: str | None = None,
     *,
-    env_fn: Callable[[], Any] | None = None,
+    env_fn: Callable[[], TextEnv] | None = None,
     env_kwargs: dict[str, Any] | None = None,
     n: int = 200,
     split: str = "test",

@@ -31,6 +31,7 @@ import torch
 
 from marft_algos.evaluation.errors import EvaluationError
 from marft_algos.evaluation.report import wilson_interval
+from marft_algos.protocols import RolloutPolicy, TextEnv
 from marft_algos.rollout import make_sampling
 from marft_envs.games import FixedPlayer, NimEnv, OptimalNimPlayer, RandomPlayer, TextGameEnv
 
@@ -83,10 +84,10 @@ def _sampling(policy_sampling: Mapping[str, Any] | None) -> Any:
 
 
 def play_vs_opponent(
-    env_fn: Callable[[], Any],
-    policy: Any,
+    env_fn: Callable[[], TextEnv],
+    policy: RolloutPolicy,
     seat: str,
-    opponent: Callable[[Any, str], Any],
+    opponent: Callable[[TextEnv, str], Any],
     n: int,
     *,
     start_index: int = 0,
@@ -146,9 +147,9 @@ def play_vs_opponent(
 
 
 def evaluate_vs_opponent(
-    policy: Any,
-    env_fn: Callable[[], Any],
-    opponent: Callable[[Any, str], Any],
+    policy: RolloutPolicy,
+    env_fn: Callable[[], TextEnv],
+    opponent: Callable[[TextEnv, str], Any],
     n: int,
     *,
     seats: Sequence[str] | None = None,
@@ -223,8 +224,8 @@ def scripted_opponent(name: str, env: Any, seed: int = 0) -> Callable[[Any, str]
 
 
 def game_leaderboard_rows(
-    policy: Any,
-    env_fn: Callable[[], Any],
+    policy: RolloutPolicy,
+    env_fn: Callable[[], TextEnv],
     opponents: Sequence[str],
     problems: Sequence[int],
     *,

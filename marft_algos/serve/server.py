@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_algos.models.sampling import GenResult
+from marft_algos.protocols import ServedPolicy
 from marft_algos.serve.app import Dispatch, build_app
 from marft_algos.serve.batcher import EngineBatcher
 from marft_algos.serve.protocol import DEFAULT_LIMITS, ChatCall, Limits
@@ -152,7 +153,7 @@ class TeamServer(LoopbackServer):
 
     def __init__(
         self,
-        policy: Any,
+        policy: ServedPolicy,
         *,
         roles: Sequence[str] | None = None,
         host: str = "127.0.0.1",
