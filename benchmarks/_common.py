@@ -7,7 +7,9 @@ marft, so ``marft leaderboard`` has them) and are re-exported here.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -45,6 +47,7 @@ __all__ = [
     "fmt",
     "summary_stats",
     "timer",
+    "child_row",
 ]
 
 
@@ -158,3 +161,16 @@ def timer() -> Iterator[dict[str, float]]:
         out["s"] = time.perf_counter() - t0
 
 
+
+
+def child_row(script: str, argv: Sequence[str] | None, flag: str, value: str, *, env: dict[str, str] | None = None) -> dict:
+    """Run ``script`` again in a fresh process with ``argv`` (default: this process's own
+    arguments) plus ``flag value``; the child's last stdout line is a JSON row, returned.
+
+    A fresh process per measurement keeps peaks and thread pools from leaking between
+    configurations. A failed child raises :class:`subprocess.CalledProcessError` (its
+    ``stderr`` says why).
+    """
+    child = [sys.executable, script, *(argv if argv is not None else sys.argv[1:]), flag, value]
+    out = subprocess.run(child, capture_output=True, text=True, check=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])

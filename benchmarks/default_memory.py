@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import markdown_table  # noqa: E402
+from benchmarks._common import child_row, markdown_table  # noqa: E402
 
 __all__ = ["main"]
 
@@ -82,12 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     rows = []
     for algo in args.algos.split(","):
-        child = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--algo", algo]
-        done = subprocess.run(child, capture_output=True, text=True)
-        if done.returncode:
-            rows.append({"algo": algo, "peak_rss_mb": "failed", "step_s": done.stderr.strip().splitlines()[-1][:80] if done.stderr.strip() else done.returncode})
+        try:
+            rows.append(child_row(__file__, argv, "--algo", algo))
+        except subprocess.CalledProcessError as e:
+            rows.append({"algo": algo, "peak_rss_mb": "failed", "step_s": e.stderr.strip().splitlines()[-1][:80] if e.stderr.strip() else e.returncode})
             continue
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(rows[-1], file=sys.stderr, flush=True)  # progress: a cut-off run keeps what it measured
     print(f"{args.env} on {args.model}, one step, overrides {_overrides(args.set)}\n")
     print(markdown_table(rows, ["algo", "peak_rss_mb", "step_s", "threads", "micro_batch_tokens"]))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import markdown_table  # noqa: E402
+from benchmarks._common import child_row, markdown_table  # noqa: E402
 
 __all__ = ["main", "MODES"]
 
@@ -72,11 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode:
         print(json.dumps(measure(args.mode, args)))
         return 0
-    rows = []
-    for mode in args.modes.split(","):
-        child = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--mode", mode]
-        out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
+    rows = [child_row(__file__, argv, "--mode", mode) for mode in args.modes.split(",")]
     base = next((r for r in rows if r["mode"] == "plain"), rows[0])
     for r in rows:
         r["rss_vs_plain"] = round(r["peak_rss_mb"] / base["peak_rss_mb"], 2)

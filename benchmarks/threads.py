@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import markdown_table  # noqa: E402
+from benchmarks._common import child_row, markdown_table  # noqa: E402
 
 __all__ = ["main"]
 
@@ -82,9 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in (int(x) for x in args.threads_list.split(",")):
                 for policy in args.policies.split(","):
                     env = {**os.environ, "OMP_NUM_THREADS": str(n), "OMP_WAIT_POLICY": policy.upper()}
-                    child = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--threads", str(n)]
-                    out = subprocess.run(child, capture_output=True, text=True, check=True, env=env).stdout
-                    rows.setdefault((n, policy), []).append(json.loads(out.strip().splitlines()[-1]))
+                    rows.setdefault((n, policy), []).append(child_row(__file__, argv, "--threads", str(n), env=env))
                     print(n, policy, rows[(n, policy)][-1], file=sys.stderr, flush=True)  # progress
     finally:
         for s in spinners:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from marft_algos.plotting import plot_learning_curve
+
 __all__ = [
     "Callback",
     "FaultHook",
@@ -163,8 +165,6 @@ class FinalArtifacts(Callback):
             return
         trainer.save_checkpoint()
         if c.plot and trainer.logger is not None:
-            from marft_algos.plotting import plot_learning_curve
-
             plot_learning_curve(trainer.logger.metrics_path, Path(c.out_dir) / "learning_curve.png")
 
 

@@ -50,6 +50,9 @@ from typing import Any
 
 import torch
 
+from marft_algos.rundir import ENV_RECORD_KEY, env_record
+from marft_algos.seeding import rng_state, set_rng_state
+
 from .fsutil import fsync_dir, write_text_atomic
 
 __all__ = [
@@ -110,8 +113,6 @@ def _step_name(step: int) -> str:
 def run_config(config: Any) -> dict[str, Any]:
     """A run's config.json: the settings (with ``algo``) and the env as it was resolved
     (:func:`marft_algos.rundir.env_record`), which a resume compares."""
-    from marft_algos.rundir import ENV_RECORD_KEY, env_record
-
     data = config.to_dict()
     record = env_record(config.env_id, config.env_kwargs) if getattr(config, "env_id", None) else None
     if record is not None:
@@ -384,8 +385,6 @@ def load_checkpoint(trainer: Any, path: str | Path, *, parts: Any = None) -> Pat
     parameters); without the ``optimizers`` part they then start fresh. The metrics log
     is cut back to the checkpoint's step only when ``progress`` is loaded.
     """
-    from marft_algos.seeding import rng_state, set_rng_state
-
     chosen = check_parts(parts)
     ckpt = find_checkpoint(path)
     outside = None if "rng" in chosen else rng_state()  # loading must not move the caller's RNG

@@ -253,6 +253,7 @@ class Distributed:
         they were split."""
         if not self.active:
             return
+        # deferred: torch.distributed's FSDP stack loads only for sharded runs
         from torch.distributed.tensor import DTensor
 
         with torch.no_grad():
@@ -376,6 +377,7 @@ def shard_full_model(model: torch.nn.Module, dist: Distributed, *, layer_types: 
     over ranks). LoRA adapters inside the layers shard with them. ``layer_types``: the
     module classes to shard one by one (default: transformers' decoder layers).
     """
+    # deferred: torch.distributed's FSDP stack loads only for sharded runs
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -383,6 +385,7 @@ def shard_full_model(model: torch.nn.Module, dist: Distributed, *, layer_types: 
         return model
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
     if layer_types is None:
+        # deferred: transformers loads with the model stack, not with the trainer
         from transformers.modeling_layers import GradientCheckpointingLayer
 
         layer_types = (GradientCheckpointingLayer,)
@@ -399,6 +402,7 @@ def full_state_dict(model: torch.nn.Module, dist: Distributed) -> dict[str, torc
     any world size."""
     if not dist.active:
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    # deferred: torch.distributed's FSDP stack loads only for sharded runs
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

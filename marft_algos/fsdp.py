@@ -43,12 +43,14 @@ __all__ = ["PolicySharding", "is_sharded", "shard_optimizer_states", "full_grad_
 
 def is_sharded(t: Any) -> bool:
     """Is ``t`` a ``DTensor`` (a sharded parameter, gradient or optimizer state)?"""
+    # deferred: torch.distributed's FSDP stack loads only for sharded runs
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
 
 
 def _fsdp_modules(roots: Iterable[nn.Module]) -> list[Any]:
+    # deferred: torch.distributed's FSDP stack loads only for sharded runs
     from torch.distributed.fsdp import FSDPModule
 
     return [m for r in roots for m in r.modules() if isinstance(m, FSDPModule)]
@@ -58,6 +60,7 @@ def shard_optimizer_states(opt: torch.optim.Optimizer) -> None:
     """Turn the full (unsharded) state tensors of ``opt``'s sharded parameters into shards
     like their parameters (after ``opt.load_state_dict`` of a full checkpoint). No
     collective: every rank holds the full tensor and keeps its own chunk."""
+    # deferred: torch.distributed's FSDP stack loads only for sharded runs
     from torch.distributed.tensor import distribute_tensor
 
     for group in opt.param_groups:
@@ -213,6 +216,7 @@ class PolicySharding:
     def loading() -> Iterator[None]:
         """Inside the block a full tensor copies into a sharded parameter (``load_state_dict``,
         peft's ``set_peft_model_state_dict``): each rank keeps its chunk, no collective."""
+        # deferred: torch.distributed's FSDP stack loads only for sharded runs
         from torch.distributed.tensor.experimental import implicit_replication
 
         with implicit_replication():

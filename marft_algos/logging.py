@@ -162,6 +162,7 @@ class TensorBoardWriter:
     """``torch.utils.tensorboard.SummaryWriter`` with the same namespaced keys."""
 
     def __init__(self, log_dir: str | Path) -> None:
+        # deferred: tensorboard is optional and heavy
         from torch.utils.tensorboard import SummaryWriter
 
         self._w = SummaryWriter(log_dir=str(log_dir))

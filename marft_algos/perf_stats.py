@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from marft_algos.callbacks import Callback
+from marft_algos.threads import LAST_PHASE_THREADS
 
 __all__ = ["PerfStats", "peak_rss_mb", "reset_peak_rss"]
 
@@ -43,6 +44,7 @@ def peak_rss_mb() -> float:
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
+    # deferred: Unix only (the /proc read above comes first)
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -63,7 +65,6 @@ class PerfStats(Callback):
         """Record the step's peak memory and thread count."""
         metrics["perf/peak_rss_mb"] = round(peak_rss_mb(), 1)
         metrics["perf/threads"] = float(torch.get_num_threads())
-        from marft_algos.threads import LAST_PHASE_THREADS
 
         for phase, n in LAST_PHASE_THREADS.items():  # once the trainer runs phases under phase_threads
             metrics[f"perf/threads_{phase}"] = float(n)

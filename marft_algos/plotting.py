@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_algos.costs import cost_components as _cost_components
+from marft_algos.logging import read_metrics
 
 __all__ = ["plot_learning_curve", "curve_panels", "learning_curve_figure", "COST_PANEL", "ZERO_SIGNAL_PANEL"]
 
@@ -86,6 +87,7 @@ def curve_panels(
 
 def _integer_steps(ax: Any, steps: list[int]) -> None:
     """Integer step ticks: every step on a short run (one step included), else a few integers."""
+    # deferred: matplotlib is heavy and only needed to draw
     from matplotlib.ticker import MaxNLocator
 
     lo, hi = min(steps), max(steps)
@@ -97,23 +99,22 @@ def _integer_steps(ax: Any, steps: list[int]) -> None:
 
 
 def learning_curve_figure(
-    rows: Sequence[dict[str, Any]],
-    *,
-    keys: Sequence[str] = ("team/reward", "team/accuracy"),
-    agent_keys: Sequence[str] = ("update_kl", "rollout_ref_kl", "entropy", "grad_norm"),
-    cost_keys: Sequence[str] = ("team/tokens_per_episode",),
-    cost_components: Sequence[str] = (),
-    smooth: int = 5,
-    title: str | None = None,
+    rows: Sequence[dict[str, Any]], *, smooth: int = 5, title: str | None = None, **panel_options: Any
 ) -> Any:
     """The matplotlib ``Figure`` of :func:`curve_panels` for metric ``rows`` (one axis per
-    panel, no empty axis), or None when there is nothing to plot. The caller closes it."""
+    panel, no empty axis), or None when there is nothing to plot. The caller closes it.
+
+    ``smooth``: window of the team reward's running mean; ``title``: replaces the team
+    reward panel's title; ``panel_options``: the keyword arguments of :func:`curve_panels`
+    (``keys``, ``agent_keys``, ``cost_keys``, ``cost_components``)."""
+    # deferred: matplotlib is heavy and only needed to draw
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: matplotlib is heavy and only needed to draw
     import matplotlib.pyplot as plt
 
-    panels = curve_panels(rows, keys, agent_keys, cost_keys, cost_components)
+    panels = curve_panels(rows, **panel_options)
     if not rows or not panels:
         return None
     cols = min(3, len(panels))
@@ -159,26 +160,15 @@ def learning_curve_figure(
     return fig
 
 
-def plot_learning_curve(
-    metrics_path: str | Path,
-    out_png: str | Path,
-    *,
-    keys: Sequence[str] = ("team/reward", "team/accuracy"),
-    agent_keys: Sequence[str] = ("update_kl", "rollout_ref_kl", "entropy", "grad_norm"),
-    cost_keys: Sequence[str] = ("team/tokens_per_episode",),
-    cost_components: Sequence[str] = (),
-    smooth: int = 5,
-    title: str | None = None,
-) -> Path | None:
+def plot_learning_curve(metrics_path: str | Path, out_png: str | Path, **options: Any) -> Path | None:
     """Plot the panels of :func:`curve_panels` from a metrics.jsonl, one per quantity
-    (:func:`learning_curve_figure`). Returns the PNG path, or None when there is nothing to plot.
+    (:func:`learning_curve_figure`, which takes ``options``: ``smooth``, ``title`` and the
+    panel keys). Returns the PNG path, or None when there is nothing to plot.
     """
+    # deferred: matplotlib is heavy and only needed to draw
     import matplotlib.pyplot as plt
 
-    from marft_algos.logging import read_metrics
-
-    fig = learning_curve_figure(read_metrics(metrics_path), keys=keys, agent_keys=agent_keys, cost_keys=cost_keys,
-                                cost_components=cost_components, smooth=smooth, title=title)
+    fig = learning_curve_figure(read_metrics(metrics_path), **options)
     if fig is None:
         return None
     out_png = Path(out_png)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_algos.config import ConfigError, TrainConfig
+from marft_algos.fsdp import PolicySharding
 
 __all__ = ["check_frozen_apart", "check_policy", "load_init", "make_policy", "shard_policy"]
 
@@ -18,9 +19,8 @@ def make_policy(config: TrainConfig, agents: Sequence[str], *, init: bool = True
     With ``config.init_from`` (and ``init``) its weights start from that run's
     (:func:`load_init`): RL after an SFT warm start. A loader about to load a checkpoint of
     its own passes ``init=False``."""
-    from marft_algos.engines import (
-        get_engine,  # the models and engines load torch models: import when a policy is built
-    )
+    # deferred: the models and engines load the model stack (transformers) when a policy is built
+    from marft_algos.engines import get_engine
     from marft_algos.models import LoraSettings, TeamPolicy
 
     base: Any = config.model
@@ -105,8 +105,6 @@ def check_frozen_apart(config: TrainConfig, policy: Any, agents: Sequence[str], 
 def shard_policy(policy: Any, dist: Any, trained: Sequence[Any]) -> Any:
     """FSDP2 over a policy with one base (``distributed.strategy="fsdp"``): every rank starts from
     rank 0's ``trained`` weights, broadcast while they are still whole."""
-    from marft_algos.fsdp import PolicySharding
-
     bases = getattr(policy, "loaded_bases", None)
     if bases is None or len(bases) != 1:
         raise ConfigError(

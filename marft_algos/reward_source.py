@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 from marft_algos.config import ConfigError
+from marft_envs.games.base import TextGameEnv
 
 __all__ = ["REWARD_SOURCES", "RewardSourceSetting", "env_has_team_reward", "resolve_reward_source", "trainer_reward_source"]
 
@@ -39,7 +40,6 @@ def env_has_team_reward(env: Any) -> bool:
         declared = getattr(obj, "has_team_reward", None)
         if isinstance(declared, bool):
             return declared
-    from marft_envs.games.base import TextGameEnv
 
     return not isinstance(getattr(env, "unwrapped", env), TextGameEnv)
 

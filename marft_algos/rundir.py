@@ -16,13 +16,18 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
+import hashlib
+import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import marft_envs
 from marft_algos.config import ConfigError, config_from_dict
 from marft_algos.optim import INTERNAL_KEY_PREFIX
 
@@ -187,8 +192,6 @@ def unsaved_run_outputs(out_dir: str | Path) -> list[Path]:
 
 def remove_unsaved_run(out_dir: str | Path) -> list[str]:
     """Remove the outputs of a run that never saved a checkpoint; returns their names."""
-    import shutil
-
     removed = []
     for e in unsaved_run_outputs(out_dir):
         if e.is_dir() and not e.is_symlink():
@@ -296,9 +299,6 @@ ENV_RECORD_KEY = "env_record"
 
 def _source_sha256(module_name: str) -> str | None:
     """sha256 of a module's source file as it is on disk now (None when it has none)."""
-    import hashlib
-    import importlib.util
-
     try:
         found = importlib.util.find_spec(module_name)
         origin = found.origin if found is not None else None
@@ -316,11 +316,7 @@ def env_record(env_id: str, env_kwargs: dict[str, Any] | None) -> dict[str, Any]
     module (``program="module:function"``). marft's own modules are left out: an upgrade of
     the library does not block a resume. None when the env id cannot be resolved.
     """
-    import copy
-
     try:
-        import marft_envs
-
         spec = marft_envs.spec(env_id)
     except Exception:  # noqa: BLE001  (an env that does not resolve is reported elsewhere)
         return None

@@ -237,6 +237,7 @@ def _missing_error(name: str, split: str, root: Path | None, reason: str) -> Dat
 
 
 def _load_hub(name: str, split: str) -> list[dict[str, Any]]:
+    # deferred: datasets is heavy: it loads only when data is fetched
     from datasets import concatenate_datasets, load_dataset
 
     if name == "gsm8k":
@@ -252,6 +253,7 @@ def _load_hub(name: str, split: str) -> list[dict[str, Any]]:
 def _load_hub_or_explain(name: str, split: str, root: Path | None) -> list[dict[str, Any]]:
     """The Hub copy, failing fast (seconds, not minutes) with advice when offline."""
     if _hub_offline():
+        # deferred: datasets is heavy: it loads only when data is fetched
         import datasets.config
 
         if not datasets.config.HF_HUB_OFFLINE:
@@ -346,6 +348,7 @@ def load_mbpp(split: str = "test", data_dir: str | os.PathLike[str] | None = Non
         if not _hub_reachable():
             raise _mbpp_missing(split, root, "the Hub is unreachable from this machine")
         try:
+            # deferred: datasets is heavy: it loads only when data is fetched
             from datasets import load_dataset
 
             rows = [dict(r) for r in load_dataset(MBPP_HUB_ID, "full", split=split)]

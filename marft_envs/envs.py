@@ -54,7 +54,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from marft_envs.games.textarena_adapter import TEXTARENA_GAMES, textarena_available
 from marft_envs.registration import EnvSpec, Error, register, registry
+from marft_envs.text_env import TextTeamEnv
 
 __all__ = [
     "BUILTIN_ENV_IDS",  # noqa: F822 - module __getattr__: read after every block has run
@@ -231,8 +233,6 @@ def make_code_env(*, dataset: str = "humaneval", split: str | None = None,
                   reward: Any = None, timeout: float = 10.0, memory_mb: int = 1024,
                   isolation: str | None = None, **env_kwargs: Any) -> Any:
     """A code env (the entry point of ``code-*``); see ``FAMILIES["code"]``."""
-    from marft_envs.text_env import TextTeamEnv
-
     if dataset not in CODE_DATASETS:
         raise ValueError(f"unknown code dataset {dataset!r}; choose from {sorted(CODE_DATASETS)}")
     task_path, default_split = CODE_DATASETS[dataset]
@@ -256,19 +256,19 @@ for _team, _what in _CODE_TEAMS.items():
 # (marft_envs.games, marft_envs.dialogue); their doc pages come from those packages.
 builtin(
     "game-nim-v0",
-    "marft_envs.games:nim_env",
+    "marft_envs.games:NimEnv",
     kwargs={},
     description="zero-sum Nim (one pile, take 1-3, last stone wins); optimal play known",
 )
 builtin(
     "game-matrix-v0",
-    "marft_envs.games:matrix_env",
+    "marft_envs.games:MatrixGameEnv",
     kwargs={},
     description="general-sum matrix game (prisoner's dilemma; game=, rounds=)",
 )
 builtin(
     "dialogue-doctor-v0",
-    "marft_envs.dialogue:doctor_env",
+    "marft_envs.dialogue:DoctorDialogueEnv",
     kwargs={},
     description="doctor questions a scripted patient with a hidden case card, then diagnoses",
 )
@@ -276,7 +276,6 @@ builtin(
 
 def _textarena_games() -> None:
     # Only when the optional extra is installed (checked without importing textarena).
-    from marft_envs.games.textarena_adapter import TEXTARENA_GAMES, textarena_available
 
     if textarena_available():
         for env_id, (ta_id, _) in TEXTARENA_GAMES.items():

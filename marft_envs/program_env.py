@@ -59,15 +59,19 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import json
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from marft_envs.registration import register, registry
 from marft_envs.tasks.base import Task
+from marft_envs.tools.parsers import get_parser
 from marft_envs.workflow import WorkflowCall, WorkflowEnv
 from marft_envs.workflow import _reward_components as _components_and_why
 
@@ -125,6 +129,7 @@ class _Hub:
     def url(self, ep: _Episode) -> str:
         with self.lock:
             if self.server is None:
+                # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
                 from marft_algos.serve.app import build_app
                 from marft_algos.serve.server import LoopbackServer
 
@@ -139,6 +144,7 @@ class _Hub:
             self.episodes.pop(ep.id, None)
 
     def _episode(self, episode: str | None) -> _Episode:
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.serve.protocol import OpenAIError
 
         ep = self.episodes.get(episode or "")
@@ -159,6 +165,7 @@ class _Hub:
 
     def reward(self, episode: str, body: Any) -> dict[str, Any]:
         """``POST .../reward {"components": {name: number}}``: reward components for the episode."""
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.serve.protocol import OpenAIError
 
         ep = self._episode(episode)
@@ -237,6 +244,13 @@ async def _placeholder(team: Any, problem: Any) -> None:
     """Stands in for WorkflowEnv's coroutine program (a ProgramEnv drives a thread instead)."""
 
 
+def _seconds(name: str, value: float, *, zero_ok: bool = True) -> float:
+    """``value`` as float seconds; a clear error when it is negative (or 0 where not ``zero_ok``)."""
+    if not (value >= 0 if zero_ok else value > 0):  # `not` so that NaN fails too
+        raise ValueError(f"{name} must be {'>=' if zero_ok else '>'} 0, got {value!r}")
+    return float(value)
+
+
 class ProgramEnv(WorkflowEnv):
     """A program that calls an OpenAI-compatible endpoint, run as an AEC env (module docstring).
 
@@ -244,8 +258,6 @@ class ProgramEnv(WorkflowEnv):
         program: ``program(base_url, problem)`` (sync or ``async def``) or ``"module:function"``.
         roles: the role names (the ``model`` values the program may use).
         problems: a Task, a task name (``"arith"``) or a list of problems (as :class:`WorkflowEnv`).
-        sampling: per-role sampling settings for the trainer.
-        max_calls: call budget per episode.
         program_timeout_s: longest wait for the program's next call or return.
         reward_grace_s: after the program returns, how long to wait for reward components
             posted to ``{base_url}/reward`` (0: only those posted before it returned).
@@ -254,6 +266,9 @@ class ProgramEnv(WorkflowEnv):
             long before selecting it, so that the sibling requests of a fan-out are all
             :meth:`pending_calls` together (the collector answers them in one engine batch);
             0 selects at once (a sequential program then loses nothing).
+        options: :class:`WorkflowEnv`'s keyword arguments (``sampling``: per-role sampling
+            settings for the trainer, ``max_calls``: call budget per episode,
+            ``max_action_chars``, ``max_prompt_chars``, ``render_mode``) and the task's options.
     """
 
     metadata = {"name": "program_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
@@ -264,31 +279,18 @@ class ProgramEnv(WorkflowEnv):
         roles: Sequence[str],
         problems: Task | str | Sequence[Any] = "arith",
         *,
-        sampling: Mapping[str, Any] | None = None,
-        max_calls: int = 32,
         program_timeout_s: float = 120.0,
         reward_grace_s: float = 0.0,
         parser: str = "hermes",
         fanout_window_s: float = 0.02,
-        max_action_chars: int = 4096,
-        max_prompt_chars: int = 262_144,
-        render_mode: str | None = None,
-        **task_options: Any,
+        **options: Any,
     ) -> None:
-        super().__init__(_placeholder, roles, problems, sampling=sampling, max_calls=max_calls,
-                         max_action_chars=max_action_chars, max_prompt_chars=max_prompt_chars,
-                         render_mode=render_mode, **task_options)
+        super().__init__(_placeholder, roles, problems, **options)
         self.program = _resolve(program)
-        if not program_timeout_s > 0:
-            raise ValueError(f"program_timeout_s must be > 0, got {program_timeout_s!r}")
-        self.program_timeout_s = float(program_timeout_s)
-        if not reward_grace_s >= 0:
-            raise ValueError(f"reward_grace_s must be >= 0, got {reward_grace_s!r}")
-        self.reward_grace_s = float(reward_grace_s)
+        self.program_timeout_s = _seconds("program_timeout_s", program_timeout_s, zero_ok=False)
+        self.reward_grace_s = _seconds("reward_grace_s", reward_grace_s)
         self.parser = parser
-        if not fanout_window_s >= 0:
-            raise ValueError(f"fanout_window_s must be >= 0, got {fanout_window_s!r}")
-        self.fanout_window_s = float(fanout_window_s)
+        self.fanout_window_s = _seconds("fanout_window_s", fanout_window_s)
         self.metadata = {**type(self).metadata, "name": f"program_{getattr(self.program, '__name__', 'program')}_v0"}
         self.stats.update({"program_timeouts": 0, "unknown_roles": 0})
         self._ep: _Episode | None = None
@@ -298,6 +300,7 @@ class ProgramEnv(WorkflowEnv):
     # ------------------------------------------------------------ the server side
     def _on_call(self, ep: _Episode, call: Any) -> Future:
         """A request of episode ``ep``'s program (server thread): queue it, or refuse it."""
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.models.sampling import GenResult
         from marft_algos.serve.protocol import OpenAIError
 
@@ -348,6 +351,7 @@ class ProgramEnv(WorkflowEnv):
         ep, self._ep = self._ep, None
         if ep is None:
             return
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.serve.protocol import OpenAIError
 
         with ep.cond:
@@ -466,6 +470,7 @@ class ProgramEnv(WorkflowEnv):
 
     def _act(self, agent: str, text: str, flags: list[str]) -> None:
         """Answer the selected call with ``text``; wait for the next call (or the end)."""
+        # deferred: import marft_envs loads no marft_algos (torch); the server side loads when a program runs
         from marft_algos.models.sampling import GenResult
 
         self._step_flags = list(flags)
@@ -526,8 +531,6 @@ class ProgramEnv(WorkflowEnv):
         msgs = super().messages(agent)
         tools = self.tools(agent)
         if tools and inline_tools is not False:
-            from marft_envs.tools.parsers import get_parser
-
             text = get_parser(self.parser).instructions(tools)
             if msgs and msgs[0]["role"] == "system":
                 msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']}\n\n{text}" if msgs[0]["content"] else text}
@@ -570,9 +573,6 @@ class ProgramEnv(WorkflowEnv):
 
 def _chat(base_url: str, role: str, content: str) -> str:
     """One chat completion over plain HTTP (``urllib``: the example needs no client package)."""
-    import json
-    import urllib.request
-
     body = json.dumps({"model": role, "messages": [{"role": "user", "content": content}]}).encode()
     req = urllib.request.Request(f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
@@ -596,8 +596,6 @@ def _register() -> None:
     """``program-v0`` (``marft_envs.program_env:program-v0`` imports this module first):
     kwargs ``program`` ("module:function"), ``roles``, ``problems`` and the env options;
     by default :func:`example_program` (solver, checker) on arith."""
-    from marft_envs.registration import register, registry
-
     if "program-v0" not in registry:
         register("program-v0", "marft_envs.program_env:make_program_env",
                  kwargs={"program": "marft_envs.program_env:example_program", "roles": ["solver", "checker"],

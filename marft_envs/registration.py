@@ -26,12 +26,18 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
+import inspect
 import json
 import re
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any
+
+import pettingzoo
+
+from marft_envs.profiles import Team
 
 __all__ = [
     "EnvSpec",
@@ -79,8 +85,6 @@ class EnvArgumentError(Error, TypeError):
 def accepted_arguments(fn: Callable[..., Any], *, named_only: bool = False) -> list[str] | None:
     """Keyword arguments ``fn`` accepts, or None when it takes ``**kwargs`` (or has no
     signature); ``named_only``: its named ones even when it also takes ``**kwargs``."""
-    import inspect
-
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -98,8 +102,6 @@ def check_arguments(
     """Raise :class:`EnvArgumentError` (one line, with a did-you-mean) when ``fn`` does not take
     one of the keyword arguments ``given``; ``what`` names ``fn`` in the message, ``also`` are
     names elsewhere (the env's own options) that a typo may have meant."""
-    import difflib
-
     accepted = accepted_arguments(fn)
     if accepted is None:
         return
@@ -190,8 +192,6 @@ class EnvSpec:
         merged = {**self.kwargs, **kwargs}
         source = merged.get("team", merged.get("profiles"))
         if source is not None:
-            from marft_envs.profiles import Team
-
             return list(Team.load(source).agents)
         return list(self.make(**kwargs).possible_agents)
 
@@ -225,10 +225,6 @@ def load_entry_point(entry_point: str | Callable[..., Any]) -> Callable[..., Any
 
 def _mirror_to_pettingzoo(env_spec: EnvSpec) -> None:
     # PettingZoo 1.27 added a registry; older versions have none: skip silently.
-    try:
-        import pettingzoo
-    except ImportError:  # pragma: no cover - pettingzoo is a dependency
-        return
     if not (hasattr(pettingzoo, "register") and hasattr(pettingzoo, "aec_registry")):
         return
     pz_id = f"{PETTINGZOO_NAMESPACE}/{env_spec.id.split('/')[-1]}"
@@ -298,7 +294,6 @@ def load_plugins(*, force: bool = False) -> list[str]:
     if _plugins_loaded and not force:
         return []
     _plugins_loaded = True
-    from importlib.metadata import entry_points
 
     names = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from gymnasium.utils.env_checker import data_equivalence
 
+from marft_envs.registration import make
 from marft_envs.spaces import UnicodeText
 
 __all__ = [
@@ -298,8 +299,6 @@ def check_env(
         AssertionError: naming the env and the first rule it breaks.
     """
     if isinstance(env_or_id, str):
-        from marft_envs.registration import make
-
         env_id = env_or_id
 
         def factory() -> Any:
@@ -404,6 +403,7 @@ def check_env(
 
     # PettingZoo's own checks.
     if pettingzoo_checks:
+        # deferred: pettingzoo.test loads only when a check runs
         from pettingzoo.test import api_test, seed_test
 
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):

@@ -11,21 +11,18 @@ import asyncio
 from pathlib import Path
 
 import pytest
-import torch
-from helpers.restricted import restricted_model
+from helpers.restricted import TWO_TOKEN_PROBLEMS as PROBLEMS
+from helpers.restricted import TWO_TOKENS as ALLOWED
+from helpers.restricted import two_token_policy
+from helpers.training import grpo_two_steps
 
 pytest.importorskip("langgraph")
 pytest.importorskip("langchain_openai")
 
-from marft_algos.models import TeamPolicy  # noqa: E402
 from marft_algos.serve import TeamServer  # noqa: E402
 from marft_envs.program_env import ProgramEnv  # noqa: E402
-from marft_envs.tasks.base import Problem  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "program_langgraph"
-ALLOWED = ("1", "2")
-PROBLEMS = [Problem(f"toy/{k}", q, a) for k, (q, a) in enumerate([("What is 0 + 1?", "1"), ("What is 1 + 1?", "2"),
-                                                                    ("What is 3 - 2?", "1"), ("What is 4 - 2?", "2")])]
 
 
 @pytest.fixture
@@ -36,18 +33,8 @@ def team_graph(monkeypatch):
     return team_graph
 
 
-def two_token_policy(roles):
-    """The tiny model restricted to the replies ``1`` and ``2`` (as tests/test_teams_training.py)."""
-    model, tok = restricted_model(ALLOWED)
-    with torch.no_grad():
-        one, two = (tok.convert_tokens_to_ids(c) for c in ALLOWED)
-        weight = model.lm_head.weight
-        weight[two] = weight[one] + 0.05 * (weight[two] - weight[one])
-    return TeamPolicy(list(roles), base=(model, tok), max_context=1024)
-
-
 def test_the_graph_runs_against_the_endpoint_and_its_fan_out_is_one_engine_batch(team_graph) -> None:
-    policy = two_token_policy(team_graph.ROLES)
+    policy = two_token_policy(team_graph.ROLES, max_context=1024)
     calls: list = []
     with TeamServer(policy, window_s=2.0, role_defaults={r: {"max_new_tokens": 1} for r in team_graph.ROLES},
                     record=lambda *a: calls.append(a)) as srv:
@@ -65,19 +52,10 @@ def test_the_graph_runs_against_the_endpoint_and_its_fan_out_is_one_engine_batch
 
 
 def test_grpo_trains_every_role_of_the_langgraph_program_for_two_steps(team_graph) -> None:
-    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
-
     roles = team_graph.ROLES
-    sampling = {r: {"max_new_tokens": 1, "temperature": 1.0} for r in roles}
-    config = GRPOConfig(env_id="marft_envs.program_env:program-v0", model="tiny-random", num_envs=4, group_size=4, steps=2,
-                        progress=False, tensorboard=False, sampling_overrides=sampling, lr=0.05, seed=0)
     env_fn = lambda: ProgramEnv(team_graph.program, roles, PROBLEMS, program_timeout_s=300)  # noqa: E731
-    trainer = GRPOTrainer(config, policy=two_token_policy(roles), env_fn=env_fn)
-    before = {r: [p.detach().clone() for p in trainer.policy.trainable_parameters(r)] for r in roles}
-    history = trainer.train()
+    _, history, changed = grpo_two_steps("marft_envs.program_env:program-v0", env_fn, roles, num_envs=4, max_context=1024)
     assert len(history) == 2
-    changed = {r: any(not torch.equal(b, p) for b, p in zip(before[r], trainer.policy.trainable_parameters(r), strict=True))
-               for r in roles}
     assert changed == dict.fromkeys(roles, True)
     assert 0.0 < max(h["team/reward"] for h in history) < 1.0  # graded answers, a real signal
 

@@ -10,46 +10,15 @@ so GRPO groups have reward variance and every role's adapter gets a gradient.
 from __future__ import annotations
 
 import pytest
-import torch
-from helpers.restricted import restricted_model
+from helpers.restricted import TWO_TOKEN_PROBLEMS as PROBLEMS
 from helpers.scripted import CharPolicy
+from helpers.training import grpo_two_steps as train
 
 import marft_envs
-from marft_envs.tasks.base import Problem
 from marft_envs.workflow import ProblemList
 
 pytest.importorskip("marft_algos.models")
-from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from marft_algos.rollout import RolloutCollector  # noqa: E402
-
-ALLOWED = ("1", "2")
-PROBLEMS = [Problem(f"toy/{k}", q, a) for k, (q, a) in enumerate([("What is 0 + 1?", "1"), ("What is 1 + 1?", "2"),
-                                                                    ("What is 3 - 2?", "1"), ("What is 4 - 2?", "2")])]
-
-
-def two_token_policy(roles):
-    from marft_algos.models import TeamPolicy
-
-    model, tok = restricted_model(ALLOWED)
-    with torch.no_grad():
-        # Bring the two rows close, so that both replies are likely in every context (a
-        # group whose samples all agree cancels its own gradient) but still learnable.
-        one, two = (tok.convert_tokens_to_ids(c) for c in ALLOWED)
-        weight = model.lm_head.weight
-        weight[two] = weight[one] + 0.05 * (weight[two] - weight[one])
-    return TeamPolicy(list(roles), base=(model, tok))
-
-
-def train(env_id, env_fn, roles):
-    sampling = {r: {"max_new_tokens": 1, "temperature": 1.0} for r in roles}
-    config = GRPOConfig(env_id=env_id, model="tiny-random", num_envs=8, group_size=4, steps=2, progress=False,
-                        tensorboard=False, sampling_overrides=sampling, lr=0.05, seed=0)
-    trainer = GRPOTrainer(config, policy=two_token_policy(roles), env_fn=env_fn)
-    before = {r: [p.detach().clone() for p in trainer.policy.trainable_parameters(r)] for r in roles}
-    history = trainer.train()
-    changed = {r: any(not torch.equal(b, p) for b, p in zip(before[r], trainer.policy.trainable_parameters(r), strict=True))
-               for r in roles}
-    return trainer, history, changed
 
 
 def test_grpo_trains_every_role_of_the_workflow_example():

@@ -161,6 +161,7 @@ class VLLMLoraBackend:
 
     def request(self, name: str, lora_id: int, path: str) -> Any:
         """A ``LoRARequest`` (never ``load_inplace``: new weights get a new id)."""
+        # deferred: vLLM is an optional dependency
         from vllm.lora.request import LoRARequest
 
         return LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)

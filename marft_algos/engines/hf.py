@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from marft_algos.engines.base import GenerationEngine, OnDone, check_stream_request
 from marft_algos.models.compat import cache_kwarg
@@ -151,8 +153,6 @@ class _Lane:
 
 def _mergeable(cache: Any) -> bool:
     """Can rows be added to ``cache`` by padding its layers (plain full-attention layers)?"""
-    from transformers.cache_utils import DynamicLayer
-
     layers = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
 
@@ -325,7 +325,6 @@ class HFEngine(GenerationEngine):
             src.append(keys.setdefault(k, len(keys)))
         uniq = list(keys)
         pol.stats["prefill_shared"] += len(reqs) - len(uniq)
-        from transformers import DynamicCache
 
         cache = DynamicCache()
         model = b.model
@@ -450,7 +449,6 @@ class HFEngine(GenerationEngine):
         keys: dict[tuple[str | None, tuple[int, ...]], int] = {}
         src = [keys.setdefault((row.adapter, tuple(row.req.prompt_ids)), len(keys)) for row in new]
         pol.stats["prefill_shared"] += len(new) - len(keys)
-        from transformers import DynamicCache
 
         cache = DynamicCache()
         run = functools.partial(self._forward, b, cache=cache)

@@ -73,6 +73,7 @@ def default_adapter_root(run: str | None = None) -> Path:
 def export_adapter(policy: TeamPolicy, b: LoadedBase, adapter: str, directory: str | os.PathLike[str]) -> Path:
     """Write ``adapter`` of base ``b`` in peft format (what ``PeftModel.from_pretrained``
     and vLLM load): ``adapter_model.safetensors`` and ``adapter_config.json``."""
+    # deferred: peft (heavy) and safetensors load only when adapters are synced
     from peft.utils import get_peft_model_state_dict
     from safetensors.torch import save_file
 

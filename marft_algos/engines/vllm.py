@@ -47,6 +47,8 @@ from marft_algos.engines.lora_sync import (
     default_adapter_root,
     export_adapter,
 )
+from marft_algos.models.aliases import resolve_alias
+from marft_algos.models.loading import ensure_cached
 from marft_algos.models.sampling import GenRequest, GenResult
 
 if TYPE_CHECKING:
@@ -64,9 +66,6 @@ _FULL_CHANGED = (
 def model_path_of(b: LoadedBase) -> str:
     """What vLLM should load for base ``b``: the converted folder of an alias, a local
     folder or a Hub id (raises ``ValueError`` for in-code models vLLM cannot load)."""
-    from marft_algos.models.aliases import resolve_alias
-    from marft_algos.models.loading import ensure_cached
-
     alias = resolve_alias(b.name)
     if alias is not None:
         if alias.kind == "tiny":

@@ -1,6 +1,7 @@
 """Evaluation: held-out accuracy, the leaderboard and the regression view.
 
-Modules (standard library only at import time; the model stack loads on first use):
+Modules (at import time they load what ``import marft_algos`` loads anyway: torch,
+marft_envs, the collector; transformers and matplotlib load on first use):
 
 ==============  =====================================================================
 ``report``      the Wilson interval, table cells, Markdown / CSV / JSON, versions

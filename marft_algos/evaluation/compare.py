@@ -32,6 +32,7 @@ kinds of change:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 from collections import defaultdict
@@ -39,6 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import marft_envs
 from marft_algos.costs import cost_components
 from marft_algos.evaluation.errors import LeaderboardError
 from marft_algos.evaluation.majority import norm_answer
@@ -64,6 +68,8 @@ from marft_algos.evaluation.samples import (
     summarize,
     to_record,
 )
+from marft_algos.protocols import RolloutPolicy
+from marft_algos.rollout import RolloutCollector, make_sampling
 
 __all__ = ["COMPARE_COLUMNS", "UNTRAINED", "run_compare", "replay_frozen", "agent_stats", "answering_roles"]
 
@@ -76,8 +82,6 @@ def agent_stats(records: Sequence[SampleRecord], env_id: str, split: str, kwargs
     """Per agent: mean tokens, format errors (no extractable answer; only for the roles that
     answer, see :func:`answering_roles`), truncations, its own text graded as the answer, and
     agreement of its extracted answer with its predecessor's."""
-    import marft_envs
-
     env = marft_envs.make(env_id, **{**kwargs, "split": split})
     answering = answering_roles(env)
     problems: dict[int, Any] = {}
@@ -111,7 +115,7 @@ def answering_roles(env: Any) -> set[str] | None:
 
 
 def replay_frozen(
-    policy: Any,
+    policy: RolloutPolicy,
     episodes: Sequence[Any],
     sampling: dict[str, Any],
     *,
@@ -125,10 +129,7 @@ def replay_frozen(
     ``generate`` call after seeding torch with ``seed``, so two policies replayed on the
     same episodes decode identical batches.
     """
-    import dataclasses
-
-    import torch
-
+    # deferred: the models package loads transformers
     from marft_algos.models import GenRequest
 
     requests, where = [], []
@@ -155,9 +156,6 @@ def replay_frozen(
 
 def _agent_sampling(env_id: str, kwargs: dict[str, Any], agents: list[str], ev: dict[str, Any]) -> dict[str, Any]:
     """Each agent's eval ``SamplingParams`` as the collector of :func:`play` builds them."""
-    import marft_envs
-    from marft_algos.rollout import RolloutCollector, make_sampling
-
     env = marft_envs.make(env_id, **kwargs)
     collector = RolloutCollector(lambda: env, None, num_envs=1, mode="eval",
                                  sampling_overrides=sampling_overrides(agents, ev["temperature"], ev["max_new_tokens"]))
@@ -170,8 +168,6 @@ def _fraction(flags: list[bool]) -> float:
 
 def run_compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The regression view of ``args.compare = (A, B)``: writes compare.md / .csv, returns the rows."""
-    import marft_envs
-
     path_a, path_b = args.compare
     real = [p for p in (path_a, path_b) if p not in UNTRAINED]
     if not real and not args.env:

@@ -15,9 +15,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+import marft_envs
 from marft_algos.evaluation.errors import EvaluationError
 from marft_algos.evaluation.policies import check_roles, checkpoint_env, checkpoint_policy
 from marft_algos.evaluation.report import wilson_interval
+from marft_algos.protocols import RolloutPolicy, TextEnv
+from marft_algos.rollout import RolloutCollector
 
 if TYPE_CHECKING:
     from marft_algos.records import Episode
@@ -73,10 +78,10 @@ class EvalResult:
 
 
 def evaluate(
-    policy: Any,
+    policy: RolloutPolicy,
     env_id: str | None = None,
     *,
-    env_fn: Callable[[], Any] | None = None,
+    env_fn: Callable[[], TextEnv] | None = None,
     env_kwargs: dict[str, Any] | None = None,
     n: int = 200,
     split: str = "test",
@@ -97,11 +102,6 @@ def evaluate(
     ``strict_context`` stops with :class:`~marft_algos.rollout.ContextOverflowError` on
     the first prompt over ``max_context`` (default: counted in the result and its summary).
     """
-    import torch
-
-    import marft_envs
-    from marft_algos.rollout import RolloutCollector
-
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise EvaluationError(f"the number of problems to evaluate must be an integer >= 1, got {n!r}")
     if env_fn is None:

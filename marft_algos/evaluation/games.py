@@ -23,11 +23,17 @@ Example::
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from marft_algos.evaluation.errors import EvaluationError
 from marft_algos.evaluation.report import wilson_interval
+from marft_algos.protocols import RolloutPolicy, TextEnv
+from marft_algos.rollout import make_sampling
+from marft_envs.games import FixedPlayer, NimEnv, OptimalNimPlayer, RandomPlayer, TextGameEnv
 
 __all__ = [
     "GAME_COLUMNS",
@@ -72,18 +78,16 @@ def outcome_rates(counts: Mapping[str, int]) -> dict[str, Any]:
 
 
 def _sampling(policy_sampling: Mapping[str, Any] | None) -> Any:
-    from marft_algos.rollout import make_sampling
-
     settings = {"max_new_tokens": 32, "greedy": True}
     settings.update(policy_sampling or {})
     return make_sampling(settings)
 
 
 def play_vs_opponent(
-    env_fn: Callable[[], Any],
-    policy: Any,
+    env_fn: Callable[[], TextEnv],
+    policy: RolloutPolicy,
     seat: str,
-    opponent: Callable[[Any, str], Any],
+    opponent: Callable[[TextEnv, str], Any],
     n: int,
     *,
     start_index: int = 0,
@@ -98,6 +102,7 @@ def play_vs_opponent(
     Returns the policy seat's final info of every game (``outcome``, ``payoff``, ...,
     plus ``invalid_moves``: how many of the policy's moves the env flagged invalid).
     """
+    # deferred: the models package loads transformers
     from marft_algos.models import GenRequest
 
     role = role or seat
@@ -142,9 +147,9 @@ def play_vs_opponent(
 
 
 def evaluate_vs_opponent(
-    policy: Any,
-    env_fn: Callable[[], Any],
-    opponent: Callable[[Any, str], Any],
+    policy: RolloutPolicy,
+    env_fn: Callable[[], TextEnv],
+    opponent: Callable[[TextEnv, str], Any],
     n: int,
     *,
     seats: Sequence[str] | None = None,
@@ -190,8 +195,6 @@ def evaluate_vs_opponent(
 
 def is_game_env(env: Any) -> bool:
     """Is ``env`` (or the env it wraps) a two-player text game (:class:`~marft_envs.games.TextGameEnv`)?"""
-    from marft_envs.games import TextGameEnv
-
     return isinstance(getattr(env, "unwrapped", env), TextGameEnv)
 
 
@@ -208,8 +211,6 @@ def scripted_opponent(name: str, env: Any, seed: int = 0) -> Callable[[Any, str]
         >>> type(scripted_opponent("optimal", NimEnv())).__name__
         'OptimalNimPlayer'
     """
-    from marft_envs.games import FixedPlayer, NimEnv, OptimalNimPlayer, RandomPlayer
-
     game = getattr(env, "unwrapped", env)
     if name == "random":
         return RandomPlayer(seed)
@@ -223,8 +224,8 @@ def scripted_opponent(name: str, env: Any, seed: int = 0) -> Callable[[Any, str]
 
 
 def game_leaderboard_rows(
-    policy: Any,
-    env_fn: Callable[[], Any],
+    policy: RolloutPolicy,
+    env_fn: Callable[[], TextEnv],
     opponents: Sequence[str],
     problems: Sequence[int],
     *,
@@ -238,8 +239,6 @@ def game_leaderboard_rows(
     seat ``"all"`` (both seats pooled), with the :data:`GAME_LEADERBOARD_COLUMNS` from
     ``opponent`` on (``seconds`` is the time of that opponent's games, on the ``"all"`` row).
     """
-    import time
-
     problems = list(problems)
     if not problems:
         raise EvaluationError("no start positions to play (limit 0, or a start index past the split's end)")
@@ -250,8 +249,6 @@ def game_leaderboard_rows(
     for name in opponents:
         opponent = scripted_opponent(name, probe, seed)
         if sampling is not None and not sampling.get("greedy", True):
-            import torch
-
             torch.manual_seed(seed)  # sampled replies: every system meets the same draws
         t0 = time.perf_counter()
         report = evaluate_vs_opponent(policy, env_fn, opponent, len(problems), start_index=problems[0], seed=seed, sampling=sampling)

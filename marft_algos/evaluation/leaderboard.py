@@ -55,6 +55,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import marft_envs
+from marft_algos.checkpoint import CheckpointError
+from marft_algos.evaluation.compare import run_compare
 from marft_algos.evaluation.errors import EvaluationError, LeaderboardError
 from marft_algos.evaluation.games import (
     GAME_LEADERBOARD_COLUMNS,
@@ -117,8 +120,6 @@ _HEADERS = [
 
 def _team_of(env_id: str) -> str | None:
     """The team name a registered id was built with (its ``profiles`` kwarg), if any."""
-    import marft_envs
-
     try:
         prof = marft_envs.spec(env_id).kwargs.get("profiles")
     except Exception:  # noqa: BLE001  (third-party ids may not resolve without an import)
@@ -138,8 +139,6 @@ def select_suites(args: argparse.Namespace) -> list[tuple[Suite, list[str]]]:
 
     ``--teams`` selects among a suite's teams; the teams it leaves out are printed.
     """
-    import marft_envs
-
     suites: list[Suite] = []
     from_file: set[str] = set()
     for path in args.suite_file or []:
@@ -176,8 +175,6 @@ def select_suites(args: argparse.Namespace) -> list[tuple[Suite, list[str]]]:
 def match_checkpoint(suite: Suite, config: Any, roles: Sequence[str], split: str) -> tuple[str, dict[str, Any]] | str:
     """``(env id, env kwargs)`` the checkpoint of run config ``config`` plays in ``suite``,
     or the reason it plays none there (see the module docstring for the rule)."""
-    import marft_envs
-
     own_team = team_kwargs(dict(config.env_kwargs))
     named = next(iter(own_team.values()), None)
     candidates = [
@@ -202,8 +199,6 @@ def run_leaderboard(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     ``args`` are the parsed options of :func:`add_arguments`.
     """
-    import marft_envs
-
     selected = select_suites(args)
     ckpts = [_parse_ckpt(c) for c in args.checkpoint or []]
     runs = {label: read_run_config(path) for label, path in ckpts}  # fail fast on a bad path
@@ -400,8 +395,6 @@ def build_parser(prog: str = "marft leaderboard") -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the leaderboard or, with ``--compare``, the regression view; exit status 0."""
     if args.compare:
-        from marft_algos.evaluation.compare import run_compare
-
         run_compare(args)
     else:
         run_leaderboard(args)
@@ -414,9 +407,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "marft leaderboard") -> 
     try:
         return run(args)
     except Exception as e:
-        import marft_envs
-        from marft_algos.checkpoint import CheckpointError
-
         if not isinstance(e, (EvaluationError, CheckpointError, marft_envs.Error, FileNotFoundError)):
             raise
         print(f"{prog}: error: {e}", file=sys.stderr)

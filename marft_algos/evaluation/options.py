@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import marft_envs
 from marft_algos.evaluation.errors import LeaderboardError
 
 __all__ = [
@@ -39,8 +40,6 @@ DEFAULT_MODEL = "smollm2-135m"
 def problem_indices(env_id: str, split: str, kwargs: dict[str, Any], limit: int, start: int, env: Any = None) -> list[int]:
     """Indices ``start .. start + limit - 1`` of the split, cut at its size (read from ``env``,
     else from the env built once to read it)."""
-    import marft_envs
-
     if env is None:
         env = marft_envs.make(env_id, **{**kwargs, "split": split})
     total = int(getattr(env, "num_problems", limit))

@@ -10,9 +10,11 @@ __all__ = ["plot_leaderboard"]
 
 def plot_leaderboard(rows: list[dict[str, Any]], path: Path) -> None:
     """Bar chart of accuracy with 95% CI, one panel per suite."""
+    # deferred: optional plotting dependency, heavy to import
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: optional plotting dependency, heavy to import
     import matplotlib.pyplot as plt
 
     suites = list(dict.fromkeys(r["suite"] for r in rows))

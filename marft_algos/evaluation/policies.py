@@ -23,7 +23,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import marft_envs
+from marft_algos.checkpoint import find_checkpoint
+from marft_algos.config import config_from_dict
 from marft_algos.evaluation.errors import EvaluationError
+from marft_algos.policy_factory import make_policy
+from marft_algos.registry import get_algorithm
 
 __all__ = [
     "TEAM_KWARGS",
@@ -55,6 +60,7 @@ def untrained_policy(
     ``model_per_agent`` gives a heterogeneous team its own bases (each loaded once);
     ``engine`` names the generation engine (:mod:`marft_algos.engines`).
     """
+    # deferred: the models package loads transformers
     from marft_algos.models import TeamPolicy
 
     base: Any = {r: (model_per_agent or {}).get(r, model) for r in roles} if model_per_agent else model
@@ -85,10 +91,6 @@ class TrainedPolicy:
 
 def read_run_config(checkpoint: str | os.PathLike[str]) -> tuple[Any, Path]:
     """``(config, checkpoint dir)`` of the checkpoint that ``checkpoint`` resolves to."""
-    from marft_algos.checkpoint import find_checkpoint
-    from marft_algos.config import config_from_dict
-    from marft_algos.registry import get_algorithm
-
     ckpt = find_checkpoint(checkpoint)
     data = json.loads((ckpt / "config.json").read_text())
     spec = get_algorithm(data.get("algo", "grpo"))
@@ -115,8 +117,6 @@ def checkpoint_env(config: Any, env_id: str | None = None) -> tuple[str, dict[st
 def check_roles(env_id: str, env_kwargs: dict[str, Any], roles: list[str], what: str) -> list[str]:
     """The agents of ``env_id`` (read from its team, no env built); an :class:`EvaluationError`
     naming both lists when ``roles`` (the policy's) do not cover them."""
-    import marft_envs
-
     agents = marft_envs.spec(env_id).agents_for(**env_kwargs)
     missing = [a for a in agents if a not in roles]
     if missing:
@@ -135,8 +135,6 @@ def saved_roles(config: Any, ckpt: Path) -> list[str]:
     if meta_path.is_file():
         roles = list(json.loads(meta_path.read_text()).get("roles", []))
     if not roles:
-        import marft_envs
-
         roles = marft_envs.spec(config.env_id).agents_for(**config.env_kwargs)
     return roles
 
@@ -148,8 +146,6 @@ def checkpoint_policy(checkpoint: str | os.PathLike[str], *, engine: str | None 
     for the roles it was saved with, then loaded. ``engine`` replaces the run's generation
     engine (``config.engine``) by another one, built with default options.
     """
-    from marft_algos.policy_factory import make_policy
-
     config, ckpt = read_run_config(checkpoint)
     if engine is not None and engine != getattr(config, "engine", "hf"):
         config = replace(config, engine=engine, engine_options={})

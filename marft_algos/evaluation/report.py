@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import random
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,8 +68,6 @@ def bootstrap_mean(xs: Sequence[float], level: float = 0.95, resamples: int = 20
     >>> m, lo, hi = bootstrap_mean([0.0] * 50 + [1.0] * 50); m, round(lo, 2), round(hi, 2)
     (0.5, 0.4, 0.6)
     """
-    import random
-
     vals = [float(x) for x in xs]
     if not vals:
         nan = float("nan")
@@ -158,6 +157,7 @@ def _source_commit() -> str:
 
 def versions() -> dict[str, str]:
     """Versions of everything a number depends on (python, torch, ..., marft git commit, device)."""
+    # deferred: this module is standard-library-only at import (docstring)
     import torch
 
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu x{os.cpu_count()} ({torch.get_num_threads()} torch threads)"

@@ -11,7 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+import marft_envs
 from marft_algos.evaluation.report import wilson
+from marft_algos.protocols import RolloutPolicy
+from marft_algos.rollout import RolloutCollector
 
 __all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "episode_score", "run_samples", "summarize", "by_problem", "overlong_agents",
            "agent_tool_stats", "COST_COMPONENTS"]
@@ -70,7 +75,7 @@ def sampling_overrides(agents: Sequence[str], temperature: float | None, max_new
 
 
 def play(
-    policy: Any,
+    policy: RolloutPolicy,
     env_id: str,
     *,
     split: str,
@@ -88,11 +93,6 @@ def play(
     ``temperature`` / ``max_new_tokens`` override every agent's eval sampling (None: the
     profiles' own).
     """
-    import torch
-
-    import marft_envs
-    from marft_algos.rollout import RolloutCollector
-
     kwargs = {**(env_kwargs or {}), "split": split}
     agents = marft_envs.spec(env_id).agents_for(**kwargs)
     resets = _resets(problems, k, seed)
@@ -162,7 +162,7 @@ def _tool_use(info: dict[str, Any]) -> dict[str, Any]:
     return {"tool_calls": len(calls), "tool_errors": [str(c["error"]) for c in calls if c.get("error")]}
 
 
-def run_samples(policy: Any, env_id: str, *, seed: int = 1234, **kwargs: Any) -> list[SampleRecord]:
+def run_samples(policy: RolloutPolicy, env_id: str, *, seed: int = 1234, **kwargs: Any) -> list[SampleRecord]:
     """Play k episodes per problem (batched across episodes; fixed seeds throughout).
 
     Takes the arguments of :func:`play`; returns one :class:`SampleRecord` per episode.

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from marft_algos.models.aliases import (
     ALIASES,
@@ -38,6 +39,7 @@ from marft_algos.models.aliases import (
     resolve_alias,
     suggest,
 )
+from marft_algos.models.tiny import build_tiny_model
 
 __all__ = [
     "IntegrityError",
@@ -137,8 +139,6 @@ def load_base(
     alias = resolve_alias(name_or_alias)
     if alias is not None:
         if alias.kind == "tiny":
-            from marft_algos.models.tiny import build_tiny_model
-
             model, tokenizer = build_tiny_model()
         else:
             folder = ensure_cached(alias, cache_dir=cache_dir)
@@ -183,8 +183,6 @@ def _load_path_or_hub(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
 
 
 def _from_pretrained(source: str, dtype: torch.dtype, **kwargs: Any) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     return model, tokenizer
@@ -304,8 +302,6 @@ def assemble_slices(alias: ModelAlias, out: Path, files: Iterable[Path] | None =
 
 def convert_gguf(gguf: str | os.PathLike[str], dest: str | os.PathLike[str], *, meta: dict[str, Any] | None = None) -> Path:
     """Dequantize a GGUF into a plain fp32 HF folder at ``dest`` (atomic: temp dir + rename)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf, dest = Path(gguf), Path(dest)
     t0 = time.perf_counter()
     quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)

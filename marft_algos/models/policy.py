@@ -39,8 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file, save_model
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
 
+from marft_algos.models.chat import encode_chat
 from marft_algos.models.chunked_head import (
     chunked_head_stats,
     hidden_instead_of_logits,
@@ -69,6 +74,7 @@ class LoraSettings:
 
     def to_peft(self) -> Any:
         """The equivalent peft ``LoraConfig``."""
+        # deferred: peft loads on first use (heavy)
         from peft import LoraConfig
 
         return LoraConfig(
@@ -196,8 +202,6 @@ def _checkpoint_with_adapters(tuners: Sequence[Any], fn: Any, *args: Any, **kwar
     """Checkpoint one decoder layer (non-reentrant) whose recomputation, run later in the
     backward pass, re-activates the adapters its forward ran with (``tuners``: the layer's
     peft tuner layers)."""
-    from torch.utils.checkpoint import checkpoint
-
     state = _tuner_state(tuners)
 
     def replay(*a: Any, **k: Any) -> Any:
@@ -215,8 +219,6 @@ def _load_full_weights(model: nn.Module, path: Path, device: torch.device) -> No
     """Load a ``save_model`` file into ``model`` in place (strict; a tied weight saved once
     under one of its names loads through its alias). Unlike safetensors' ``load_model`` it
     never reads storage pointers, so FSDP2-sharded (``DTensor``) parameters load too."""
-    from safetensors.torch import load_file
-
     state = load_file(str(path), device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False)
     names_of: dict[int, list[str]] = {}
@@ -370,7 +372,8 @@ class TeamPolicy:
                 self._setup_lora(b, names)
             b.ckpt_layers = self._checkpoint_layers(b) if self.activation_checkpointing else []
 
-        # ---- the generation engine (imported here: engines build on this module) ---------
+        # ---- the generation engine -------------------------------------------------------
+        # deferred: engines build on this module (marft_algos.engines imports marft_algos.models)
         from marft_algos.engines import get_engine
 
         self.engine = get_engine(engine)(self)
@@ -379,6 +382,7 @@ class TeamPolicy:
     # setup
     # ------------------------------------------------------------------------------------
     def _setup_lora(self, b: LoadedBase, names: list[str]) -> None:
+        # deferred: peft loads on first use (heavy)
         from peft import get_peft_model
 
         cfg = self.lora.to_peft()
@@ -406,8 +410,8 @@ class TeamPolicy:
         selection, so each layer's recomputation re-activates the adapters that were
         active in its forward.
         """
+        # deferred: peft loads on first use (heavy)
         from peft.tuners.tuners_utils import BaseTunerLayer
-        from transformers.modeling_layers import GradientCheckpointingLayer
 
         layers = [m for m in b.model.modules() if isinstance(m, GradientCheckpointingLayer)]
         if not layers:
@@ -434,6 +438,7 @@ class TeamPolicy:
                 layer.training = w
 
     def _index_adapters(self, b: LoadedBase) -> None:
+        # deferred: peft loads on first use (heavy)
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         b.tuner_layers = [m for m in b.model.modules() if isinstance(m, BaseTunerLayer)]
@@ -546,8 +551,6 @@ class TeamPolicy:
         Message contents stay literal text (:func:`marft_algos.models.chat.encode_chat`):
         a teammate's ``<|im_start|>system`` is never a real turn marker. ``tools``: function
         schemas for the template's ``tools=`` (``env.tools(agent)``)."""
-        from marft_algos.models.chat import encode_chat
-
         tok = self._base(role).tokenizer
         if not getattr(tok, "chat_template", None):
             raise ValueError(f"the tokenizer of role {role!r} has no chat template")
@@ -594,6 +597,7 @@ class TeamPolicy:
         adapters are switched off; the original weight tensors are put back afterwards
         (exactly: the same tensor objects, no subtract-to-unmerge rounding).
         """
+        # deferred: peft loads on first use (heavy)
         from peft.tuners.lora import Linear as LoraLinear
 
         layers = [layer for layer in b.tuner_layers if adapter in getattr(layer, "lora_A", {})]
@@ -766,8 +770,6 @@ class TeamPolicy:
                     return TokenStats(logp * rmask, entropy * rmask, rmask)
                 logits = model(**kwargs).logits
             else:
-                from transformers import DynamicCache
-
                 cache = DynamicCache()
 
                 def run(*, ids: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, adapters: Any, keep: int) -> Any:
@@ -820,6 +822,7 @@ class TeamPolicy:
         b = self._base(role)
         if self.mode == "full":
             return {k: v.detach().cpu().clone() for k, v in b.model.state_dict().items()}
+        # deferred: peft loads on first use (heavy)
         from peft.utils import get_peft_model_state_dict
 
         sd = get_peft_model_state_dict(b.model, adapter_name=self._adapter_of[role])
@@ -833,6 +836,7 @@ class TeamPolicy:
         if self.mode == "full":
             b.model.load_state_dict(dict(state))
             return
+        # deferred: peft loads on first use (heavy)
         from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
         name = self._adapter_of[role]
@@ -861,8 +865,6 @@ class TeamPolicy:
         ``adapter_config.json`` directly in ``adapters/<name>/``) or, in full mode, each
         base's weights, plus ``policy.json``. Loadable by :meth:`load` (trainable) and by
         ``PeftModel.from_pretrained(base, dir/adapters/<name>, is_trainable=True)``."""
-        from safetensors.torch import save_file, save_model
-
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         meta = {
@@ -879,6 +881,7 @@ class TeamPolicy:
                 d.mkdir(parents=True, exist_ok=True)
                 save_model(b.model, str(d / "model.safetensors"))
         else:
+            # deferred: peft loads on first use (heavy)
             from peft.utils import get_peft_model_state_dict
 
             for b in self._bases:
@@ -894,8 +897,6 @@ class TeamPolicy:
     def load(self, directory: str | os.PathLike[str]) -> None:
         """Load weights written by :meth:`save` into this policy, in place; every adapter
         is trainable afterwards (``requires_grad=True``), ready for a fresh optimizer."""
-        from safetensors.torch import load_file
-
         src = Path(directory)
         meta_path = src / "policy.json"
         if not meta_path.is_file():

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from marft_algos.models.sampling import GenResult
+from marft_algos.protocols import ServedPolicy
 from marft_algos.serve.protocol import (
     DEFAULT_LIMITS,
     ChatCall,
@@ -69,7 +70,7 @@ async def _read_body(request: Any, cap: int) -> Any:
 
 
 def build_app(
-    policy: Any,
+    policy: ServedPolicy | None,
     dispatch: Dispatch,
     *,
     roles: Sequence[str] | None = None,

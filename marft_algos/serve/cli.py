@@ -14,6 +14,9 @@ import os
 import sys
 from typing import Any
 
+from marft_algos.evaluation.policies import checkpoint_policy, untrained_policy
+from marft_algos.serve.server import API_KEY_ENV, TeamServer, check_exposure
+
 __all__ = ["PROGRAM_ENV_ID", "add_arguments", "build_server", "expand_program_flags", "run"]
 
 #: the registered id of the program env (importing its module registers it)
@@ -45,14 +48,10 @@ def _roles(text: str | None) -> list[str]:
 
 def build_server(args: argparse.Namespace) -> Any:
     """The :class:`~marft_algos.serve.server.TeamServer` the options describe (not started)."""
-    from marft_algos.serve.server import API_KEY_ENV, TeamServer, check_exposure
-
     check_exposure(args.host, args.api_key or os.environ.get(API_KEY_ENV))  # before loading any model
     roles = _roles(args.roles)
     defaults: dict[str, dict[str, Any]] = {}
     if args.checkpoint:
-        from marft_algos.evaluation.policies import checkpoint_policy
-
         trained = checkpoint_policy(args.checkpoint, engine=args.engine)
         policy = trained.policy
         missing = [r for r in roles if r not in trained.roles]
@@ -65,7 +64,6 @@ def build_server(args: argparse.Namespace) -> Any:
     else:
         if not roles:
             raise ValueError("serve needs --roles a,b,... (the model names clients ask for) or --checkpoint")
-        from marft_algos.evaluation.policies import untrained_policy
 
         policy = untrained_policy(roles, args.model, engine=args.engine or "hf")
     return TeamServer(policy, roles=roles or None, host=args.host, port=args.port, api_key=args.api_key,

@@ -36,6 +36,7 @@ def _tracer(tracer: Any) -> Any:
     if tracer is not None:
         return tracer
     try:
+        # deferred: OpenTelemetry is an optional dependency
         from opentelemetry import trace
     except ImportError as e:
         raise ImportError("OpenTelemetry export needs the otel extra: pip install 'marft[otel]'") from e
@@ -44,6 +45,7 @@ def _tracer(tracer: Any) -> Any:
 
 def export_episodes(episodes: Iterable[Any], *, step: int = 0, tracer: Any = None) -> int:
     """One span per program call of ``episodes`` (and one per episode); the number of call spans."""
+    # deferred: OpenTelemetry is an optional dependency
     from opentelemetry import trace
 
     tracer = _tracer(tracer)

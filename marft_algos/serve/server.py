@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_algos.models.sampling import GenResult
+from marft_algos.protocols import ServedPolicy
 from marft_algos.serve.app import Dispatch, build_app
 from marft_algos.serve.batcher import EngineBatcher
 from marft_algos.serve.protocol import DEFAULT_LIMITS, ChatCall, Limits
@@ -69,6 +70,7 @@ class LoopbackServer:
 
     def start(self) -> LoopbackServer:
         """Bind, start the thread, and wait until the server is up."""
+        # deferred: uvicorn is needed only to serve over a socket
         import uvicorn
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -151,7 +153,7 @@ class TeamServer(LoopbackServer):
 
     def __init__(
         self,
-        policy: Any,
+        policy: ServedPolicy,
         *,
         roles: Sequence[str] | None = None,
         host: str = "127.0.0.1",

@@ -68,8 +68,6 @@ Version history: v0: initial release.
 
 from __future__ import annotations
 
-from typing import Any
-
 from marft_envs.dialogue.cases import CONDITIONS, SYMPTOMS, Case, generate_case, load_cases
 from marft_envs.dialogue.env import DoctorDialogueEnv, grade_diagnosis, parse_diagnosis
 from marft_envs.dialogue.respondent import Respondent, ScriptedRespondent, respondent_messages
@@ -81,15 +79,9 @@ __all__ = [
     "DoctorDialogueEnv",
     "Respondent",
     "ScriptedRespondent",
-    "doctor_env",
     "generate_case",
     "grade_diagnosis",
     "load_cases",
     "parse_diagnosis",
     "respondent_messages",
 ]
-
-
-def doctor_env(**kwargs: Any) -> DoctorDialogueEnv:
-    """``dialogue-doctor-v0``'s entry point: ``DoctorDialogueEnv(**kwargs)``."""
-    return DoctorDialogueEnv(**kwargs)

@@ -230,6 +230,7 @@ def load_cases(split: str = "test", *, path: str | Path | None = None, data_dir:
         source = file.stem
     else:
         try:
+            # deferred: datasets is heavy: it loads only when data is fetched
             import datasets
 
             records = [dict(r) for r in datasets.load_dataset(HUB_DATASET, split=split)]

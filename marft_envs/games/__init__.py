@@ -101,6 +101,7 @@ from typing import Any
 from marft_envs.games.base import GAME_SPLITS, Player, TextGameEnv, match_outcomes, play_episode
 from marft_envs.games.matrix import MATRIX_GAMES, FixedPlayer, MatrixGameEnv, RandomPlayer
 from marft_envs.games.nim import NimEnv, OptimalNimPlayer, optimal_take
+from marft_envs.games.textarena_adapter import TextArenaGameEnv
 
 __all__ = [
     "GAME_SPLITS",
@@ -113,26 +114,12 @@ __all__ = [
     "RandomPlayer",
     "TextGameEnv",
     "match_outcomes",
-    "matrix_env",
-    "nim_env",
     "optimal_take",
     "play_episode",
     "textarena_env",
 ]
 
 
-def nim_env(**kwargs: Any) -> NimEnv:
-    """``game-nim-v0``'s entry point: ``NimEnv(**kwargs)``."""
-    return NimEnv(**kwargs)
-
-
 def textarena_env(**kwargs: Any) -> Any:
     """Entry point of the TextArena-backed ids (optional extra): ``TextArenaGameEnv(**kwargs)``."""
-    from marft_envs.games.textarena_adapter import TextArenaGameEnv
-
     return TextArenaGameEnv(**kwargs)
-
-
-def matrix_env(**kwargs: Any) -> MatrixGameEnv:
-    """``game-matrix-v0``'s entry point: ``MatrixGameEnv(**kwargs)``."""
-    return MatrixGameEnv(**kwargs)

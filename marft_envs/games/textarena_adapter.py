@@ -25,6 +25,8 @@ as a draw.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import random
 import threading
 from collections.abc import Mapping
@@ -48,15 +50,11 @@ _LOCK = threading.RLock()
 
 def textarena_available() -> bool:
     """Whether the optional ``textarena`` package is installed (nothing is imported)."""
-    import importlib.util
-
     return importlib.util.find_spec("textarena") is not None
 
 
 def _import_textarena() -> Any:
     """``import textarena``, leaving the global ``random`` state as it was (its first import draws from it)."""
-    import importlib
-
     with _LOCK:
         outer = random.getstate()
         try:

@@ -214,6 +214,7 @@ _ARCH = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}
 
 
 def _libc():
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import ctypes
 
     return ctypes.CDLL(None, use_errno=True)
@@ -224,6 +225,7 @@ def install_seccomp(block_setsid: bool, block_ipc: bool = False) -> None:
     ptrace/process_vm/pidfd/io_uring/bpf; optionally no setsid/setpgid (so the
     process group that the grader kills holds every descendant) and no SysV/POSIX
     IPC objects (``block_ipc``: without an IPC namespace they would outlive the run)."""
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import ctypes
 
     machine = os.uname().machine
@@ -288,6 +290,7 @@ class _MountAttr:  # filled lazily: ctypes is imported inside the functions
 
 def _setattr(path: str, attr_set: int, attr_clr: int, recursive: bool) -> None:
     """``mount_setattr`` on the mount at ``path`` (and its submounts if ``recursive``)."""
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import ctypes
 
     if _MountAttr.cls is None:
@@ -307,6 +310,7 @@ def new_root(workdir: str, spec: dict) -> None:
     (read-only), the work dir (writable), a private /tmp, /dev and /proc; cover the
     package dirs ``spec["hidden"]`` with empty tmpfs; chroot into it. Test data and
     data sets elsewhere on the host (site-packages, a checkout, a data dir) are gone."""
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import ctypes
 
     libc = _libc()
@@ -364,6 +368,7 @@ def _drop_bounding_set(libc: ctypes.CDLL) -> None:  # noqa: F821  (ctypes is imp
 
 def drop_capabilities() -> None:
     """Empty the bounding, effective, permitted and inheritable sets (no regain on exec)."""
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import ctypes
 
     libc = _libc()
@@ -379,6 +384,7 @@ def drop_to_user(workdir: str, uid: int, gid: int) -> list[int]:
     good (no supplementary groups, no capabilities, no_new_privs). File permissions
     then protect the host, and ``/proc/<pid>/environ`` of root processes (the grader's
     secrets) is unreadable. Returns the fds kept open for the import path."""
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import ctypes
 
     libc = _libc()
@@ -442,6 +448,7 @@ def landlock_workdir(workdir: str, reads: list | None = None) -> bool:
     sets in site-packages or elsewhere do not. It does not hide
     ``/proc/<pid>/environ`` (measured): the uid drop and a non-dumpable grader do that.
     False (nothing done) where the kernel lacks Landlock."""
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import ctypes
 
     libc = _libc()
@@ -495,6 +502,7 @@ def landlock_workdir(workdir: str, reads: list | None = None) -> bool:
 
 def set_limits(lim: dict) -> None:
     """Apply the rlimits in ``lim`` (None skips one; never above the current hard limit)."""
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import resource
 
     def setl(which: int, value: int | None) -> None:
@@ -528,7 +536,8 @@ def stub_main(cfg: dict) -> None:
     _extend_path(cfg.get("sys_path"))
     keep = [cfg.get("req"), cfg.get("resp")]
     try:
-        import ctypes  # noqa: F401 - imported before any privilege drop can hide them
+        # deferred: loaded here, before any privilege drop can hide them (stub mode only)
+        import ctypes  # noqa: F401
         import resource  # noqa: F401
 
         if cfg.get("new_root"):
@@ -666,6 +675,7 @@ def _proxy(link: _Link, name: str):
 def checker_main(req: int, resp: int, out: int) -> None:
     """Trusted side: run the test units against proxies of the program's names and report
     each verdict, HMAC-signed, on ``out``."""
+    # deferred: the stdlib-only runner starts once per program run; each mode loads what it calls
     import hashlib
     import hmac
     import resource

@@ -5,6 +5,8 @@ See the package docstring (``marft_envs.sandbox``) for the design.
 
 from __future__ import annotations
 
+import ctypes
+import glob
 import hashlib
 import hmac
 import json
@@ -17,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -166,8 +169,6 @@ def _landlock_abi() -> int:
     """Landlock ABI version of this kernel (0: unavailable); probed once."""
     if not _landlock:
         try:
-            import ctypes
-
             abi = ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1)
         except (OSError, AttributeError):
             abi = -1
@@ -189,7 +190,6 @@ def _grader_undumpable(active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     with _dump_lock:
@@ -491,8 +491,6 @@ def _program_view() -> _View:
     """The read-only view of the host given to programs (computed once)."""
     if _view_cache:
         return _view_cache[0]
-    import glob
-    import sysconfig
 
     python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}

@@ -84,6 +84,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from marft_envs import data
+from marft_envs.data import resolve_data_dir
 from marft_envs.tasks.base import GradeResult, Problem, Task
 from marft_envs.tasks.kb import KnowledgeBase
 
@@ -156,6 +158,7 @@ class BM25Retriever:
 
     def index(self, docs: Sequence[Document]) -> None:
         """Index ``docs`` (an empty corpus gives an index that finds nothing)."""
+        # deferred: bm25s is an optional dependency
         import bm25s
 
         self._n = len(docs)
@@ -251,8 +254,6 @@ def extract_answer(response: str) -> tuple[str | None, bool]:
 
 # ------------------------------------------------------------------------------ data
 def _local_rows(name: str, split: str, data_dir: str | os.PathLike[str] | None) -> tuple[list[dict[str, Any]] | None, Path | None]:
-    from marft_envs.data import resolve_data_dir
-
     root = resolve_data_dir(data_dir)
     if root is None:
         return None, None
@@ -271,8 +272,6 @@ def _local_rows(name: str, split: str, data_dir: str | os.PathLike[str] | None) 
 
 
 def _hub_rows(hub_id: str, config: str | None, split: str, name: str, root: Path | None) -> list[dict[str, Any]]:
-    from marft_envs import data
-
     where = f"no file {root / name / (split + '.jsonl')}" if root else "no local data directory"
     advice = (f"cannot load {name}/{split}: {where}, and the Hugging Face Hub failed ({{}}).\nFix it either way:\n"
               f"  1. local files: data_dir=<dir> or ${data.DATA_DIR_ENV}=<dir> with <dir>/{name}/{split}.jsonl "
@@ -282,6 +281,7 @@ def _hub_rows(hub_id: str, config: str | None, split: str, name: str, root: Path
     if data._hub_offline() or not data._hub_reachable():
         raise data.DataNotFoundError(advice.format("offline or unreachable"))
     try:
+        # deferred: datasets is heavy: it loads only when data is fetched
         from datasets import load_dataset
 
         ds = load_dataset(hub_id, config, split=split) if config else load_dataset(hub_id, split=split)

@@ -52,6 +52,7 @@ def _printed(result: Any) -> str:
 
 
 def _python(code: str) -> str:
+    # deferred: the sandbox loads on the first python call, not at import marft_envs
     from marft_envs.sandbox import output_drain_bytes, run_program
 
     result = run_program(code, timeout=PYTHON_TIMEOUT, memory_mb=PYTHON_MEMORY_MB, max_output=PYTHON_MAX_OUTPUT)

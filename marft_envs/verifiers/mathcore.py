@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from .extract import (
+    MAX_RESPONSE_CHARS,
     extract_gsm8k_answer,
     extract_math_answer,
     normalize_number,
@@ -163,6 +164,7 @@ def _split_alternatives(raw: str) -> list[str]:
 
 def _quiet_math_verify() -> None:
     """Silence math-verify's one-time "timeout disabled" warning: our worker bounds it."""
+    # deferred: math-verify and sympy are heavy: they load in the grading worker on first use
     import math_verify.grader
     import math_verify.parser
 
@@ -173,6 +175,7 @@ def _quiet_math_verify() -> None:
 @functools.lru_cache(maxsize=4096)
 def _mv_parse(text: str) -> tuple[Any, ...]:
     """math-verify's parse, cached: RL grades many samples against one gold answer."""
+    # deferred: math-verify and sympy are heavy: they load in the grading worker on first use
     from math_verify import parse
 
     _quiet_math_verify()
@@ -183,6 +186,7 @@ def _mv_parse(text: str) -> tuple[Any, ...]:
 
 def _mv_equal(pred: str, gold: str) -> bool | None:
     """math-verify's verdict, or None when it cannot parse one side."""
+    # deferred: math-verify and sympy are heavy: they load in the grading worker on first use
     from math_verify import verify
 
     g = _mv_parse(gold)
@@ -193,6 +197,7 @@ def _mv_equal(pred: str, gold: str) -> bool | None:
 
 
 def _sympy_equal(pred: str, gold: str) -> bool:
+    # deferred: math-verify and sympy are heavy: they load in the grading worker on first use
     import sympy
     from latex2sympy2_extended import latex2sympy
 
@@ -287,8 +292,6 @@ def grade_math_local(
     methods: tuple[str, ...] = METHODS,
 ) -> dict[str, Any]:
     """Grade a MATH-style response in this process; returns GradeResult fields as a dict."""
-    from .extract import MAX_RESPONSE_CHARS
-
     text, truncated = truncate_response(response, max_chars or MAX_RESPONSE_CHARS)
     extracted = extract_math_answer(text)
     details: dict[str, Any] = {"truncated": truncated, "method": "none"}
@@ -301,8 +304,6 @@ def grade_math_local(
 
 def grade_gsm8k_local(response: str, gold: str, max_chars: int | None = None) -> dict[str, Any]:
     """Grade a GSM8K response in this process (numeric comparison with the gold number)."""
-    from .extract import MAX_RESPONSE_CHARS
-
     text, truncated = truncate_response(response, max_chars or MAX_RESPONSE_CHARS)
     extracted, how = extract_gsm8k_answer(text)
     details: dict[str, Any] = {"truncated": truncated, "method": how}

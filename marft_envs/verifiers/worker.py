@@ -154,6 +154,7 @@ def _hook_modules() -> dict[str, Any]:
 
 
 def _job_table() -> dict[str, Any]:
+    # deferred: the grading child loads the graders (sympy, math-verify) after its start-up
     from .mathcore import grade_gsm8k_local, grade_math_local
 
     return {
@@ -183,6 +184,7 @@ def _child_main(read_fd: int, write_fd: int, parent: int) -> None:
     tx = Connection(write_fd, readable=False)
     if MAX_MEMORY_MB > 0:
         try:
+            # deferred: Unix only
             import resource
 
             limit = MAX_MEMORY_MB * 1024 * 1024
