@@ -97,6 +97,7 @@ def _clone(p: _Path, k: int) -> _Path:
 def run_tree_chunk(col: Any, chunk: Sequence[dict[str, Any]], counters: dict[str, float]) -> list[Episode]:
     """Play one tree per reset spec of ``chunk`` with collector ``col`` (round-based, every
     path's request in one generation round); the leaves' episodes, depth-first per root."""
+    # deferred: marft_algos.models loads the model stack (transformers)
     from marft_algos.models import GenRequest
 
     roots = col._reset_chunk(chunk)

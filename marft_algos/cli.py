@@ -34,6 +34,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from typing import Any
 
+from marft_algos.rundir import RunDirLock, check_new_run_dir
+from marft_algos.sft import SFTConfig, run_sft
+
 __all__ = ["main", "build_parser", "build_config"]
 
 # Flags with a short name mapped onto config fields.
@@ -145,8 +148,6 @@ _SFT_FLAGS = {"env_id": "--env", "out_dir": "--out"}
 
 def _add_sft_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`~marft_algos.sft.SFTConfig` field (``--env``, ``--demos``, ``--out``, ...)."""
-    from marft_algos.sft import SFTConfig
-
     for f in dataclasses.fields(SFTConfig):
         flag = _SFT_FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
         parser.add_argument(flag, dest=f"sft_{f.name}", default=None, metavar="VALUE", help=f.metadata.get("help", ""))
@@ -155,8 +156,6 @@ def _add_sft_arguments(parser: argparse.ArgumentParser) -> None:
 def _sft_config(args: argparse.Namespace) -> Any:
     """The :class:`~marft_algos.sft.SFTConfig` of ``marft sft``'s flags (values parsed as JSON
     where they are numbers, booleans, lists or dicts; ``--roles a,b`` also works)."""
-    from marft_algos.sft import SFTConfig
-
     data: dict[str, Any] = {}
     for f in dataclasses.fields(SFTConfig):
         raw = getattr(args, f"sft_{f.name}", None)
@@ -179,9 +178,6 @@ def _sft_config(args: argparse.Namespace) -> Any:
 def cmd_sft(args: argparse.Namespace) -> int:
     """``marft sft``: train each role's adapter on demonstrations and write a run dir for
     ``marft train --init`` (a new or empty ``--out``)."""
-    from marft_algos.rundir import RunDirLock, check_new_run_dir
-    from marft_algos.sft import run_sft
-
     config = _sft_config(args)
     if not config.out_dir:
         _die("sft needs --out (the run directory to write; then marft train --init DIR)")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from marft_algos.checkpoint import CheckpointError, find_checkpoint
 from marft_algos.config import ConfigError, TrainConfig
 from marft_algos.fsdp import PolicySharding
 
@@ -46,8 +47,6 @@ def load_init(policy: Any, source: str, config: TrainConfig | None = None) -> Pa
     """Load the weights of ``source`` (a run dir, a checkpoint dir or a ``TeamPolicy.save``
     dir) into ``policy``; returns the policy dir read. A :class:`ConfigError` says what does
     not match (no weights there, another base model, mode, LoRA rank or team)."""
-    from marft_algos.checkpoint import CheckpointError, find_checkpoint
-
     path = Path(source)
     if (path / "policy.json").is_file():
         pdir = path

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from marft_algos.branching import BRANCH_EXPAND, run_tree_chunk
 from marft_algos.records import Episode, RolloutBatch, Transition
 from marft_envs.testing import check_step_output
 
@@ -243,8 +244,6 @@ class RolloutCollector:
         """Play trees instead of independent episodes (:mod:`marft_algos.branching`): ``branching``
         sibling actions per agent turn, every sibling (``expand="all"``) or one at random
         (``"random"``) branching on, at a path's first ``depth`` actions (0: all). 1: today's episodes."""
-        from marft_algos.branching import BRANCH_EXPAND
-
         if isinstance(branching, bool) or not isinstance(branching, int) or branching < 1:
             raise ValueError(f"branching must be an int >= 1 (1 = independent episodes), got {branching!r}")
         if expand not in BRANCH_EXPAND:
@@ -349,7 +348,6 @@ class RolloutCollector:
 
     def _run_chunk(self, chunk: Sequence[dict[str, Any]], counters: dict[str, float]) -> list[Episode]:
         if self.branching > 1:  # trees: every path's request in one round (docs/credit.md)
-            from marft_algos.branching import run_tree_chunk
 
             return run_tree_chunk(self, chunk, counters)
         if self.continuous_batching and callable(getattr(self.policy, "generate_stream", None)):

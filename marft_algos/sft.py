@@ -40,6 +40,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import marft_envs
+from marft_algos.algos.grpo import GRPOConfig
+from marft_algos.checkpoint import run_config, save_checkpoint
+from marft_algos.config import ConfigError
+from marft_algos.policy_factory import make_policy
+from marft_algos.rollout import RolloutCollector
+from marft_algos.seeding import seed_everything
+from marft_envs.tools.chat import literal_ids
+
 __all__ = ["Demo", "SFTConfig", "SFTResult", "demos_from_jsonl", "response_ids", "run_sft", "scripted_demos", "sft_train"]
 
 
@@ -77,7 +88,6 @@ class SFTConfig:
     seed: int = field(default=0, metadata={"help": "Seed of the demo problems, the adapters' init and the sample order."})
 
     def __post_init__(self) -> None:
-        from marft_algos.config import ConfigError
 
         for name in ("num_demos", "epochs", "batch_size", "lora_r"):
             if int(getattr(self, name)) < 1:
@@ -90,8 +100,6 @@ class SFTConfig:
     def train_config(self) -> Any:
         """The policy settings as a GRPO ``TrainConfig`` (what ``make_policy`` and the run dir's
         config.json hold; an RL run with ``--init`` uses the same model, mode and LoRA shape)."""
-        from marft_algos.algos.grpo import GRPOConfig
-
         return GRPOConfig(env_id=self.env_id, env_kwargs=dict(self.env_kwargs), model=self.model, mode=self.mode,
                           lora_r=self.lora_r, lora_alpha=self.lora_alpha, device=self.device, dtype=self.dtype,
                           max_context=self.max_context, seed=self.seed, steps=0, out_dir=self.out_dir)
@@ -129,8 +137,6 @@ def _eos_id(policy: Any, role: str) -> int:
 
 def response_ids(policy: Any, role: str, text: str) -> list[int]:
     """``text`` as a sampled response: its literal ids, then the end-of-turn id."""
-    from marft_envs.tools.chat import literal_ids
-
     return literal_ids(policy.tokenizer(role), text) + [_eos_id(policy, role)]
 
 
@@ -156,6 +162,7 @@ class _ScriptedSampler:
 
     def generate(self, requests: Sequence[Any], **_: Any) -> list[Any]:
         """The scripted action of the env's selected agent, as ids ending with EOS."""
+        # deferred: marft_algos.models loads the model stack (transformers)
         from marft_algos.models import GenResult
 
         out = []
@@ -176,8 +183,6 @@ def scripted_demos(policy: Any, env_fn: Callable[[], Any], n: int, *, seed: int 
     Every segment of every kept episode is a demo (a tool call and the answer after its
     result are two samples of the same role). Raises ``ValueError`` when the env has no
     scripted policy (``demo_action`` missing or None for every agent)."""
-    from marft_algos.rollout import RolloutCollector
-
     sampler = _ScriptedSampler(policy)
     col = RolloutCollector(env_fn, sampler, num_envs=1, seed=seed, mode="eval", max_context=max_context,
                            step_workers=1, share_prefill=False, continuous_batching=False)
@@ -205,6 +210,7 @@ def scripted_demos(policy: Any, env_fn: Callable[[], Any], n: int, *, seed: int 
 def demos_from_jsonl(policy: Any, path: str | Path, roles: Iterable[str]) -> list[Demo]:
     """Demos from a JSONL file of per-role chat turns (see the module docstring); a bad line
     raises ``ValueError`` naming the line and what to write."""
+    # deferred: marft_algos.models loads the model stack
     from marft_algos.models.chat import template_uses_tools
 
     roles = list(roles)
@@ -256,8 +262,6 @@ def sft_train(policy: Any, demos: Sequence[Demo], *, epochs: int = 3, batch_size
               log: Callable[[str], None] | None = None) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Train each role's adapter on its demos (masked LM loss, AdamW; one role per step, roles
     that share parameters share an optimizer). Returns ``(loss before, loss per epoch)`` per role."""
-    import torch
-
     by_role: dict[str, list[Demo]] = defaultdict(list)
     for d in demos:
         by_role[d.role].append(d)
@@ -314,11 +318,6 @@ class _Saved:
 
 def run_sft(config: SFTConfig, *, policy: Any = None, log: Callable[[str], None] | None = print) -> SFTResult:
     """``marft sft``: build the team's policy, gather the demos, train, write the run dir."""
-    import marft_envs
-    from marft_algos.checkpoint import save_checkpoint
-    from marft_algos.policy_factory import make_policy
-    from marft_algos.seeding import seed_everything
-
     t0 = time.perf_counter()
     seed_everything(config.seed)
     env_id, env_kwargs = config.env_id, dict(config.env_kwargs)
@@ -334,7 +333,6 @@ def run_sft(config: SFTConfig, *, policy: Any = None, log: Callable[[str], None]
     if config.roles:
         unknown = sorted(set(config.roles) - set(agents))
         if unknown:
-            from marft_algos.config import ConfigError
 
             raise ConfigError(f"roles {unknown} are not agents of {env_id} ({agents})")
         demos = [d for d in demos if d.role in set(config.roles)]
@@ -363,7 +361,6 @@ def run_sft(config: SFTConfig, *, policy: Any = None, log: Callable[[str], None]
         record = {"config": asdict(config), "result": result.to_dict(), "scripted": stats}
         ckpt = save_checkpoint(_Saved(policy, tcfg, agents, record), out / "checkpoints", keep=1)
         result.checkpoint = str(ckpt)
-        from marft_algos.checkpoint import run_config
 
         (out / "config.json").write_text(json.dumps(run_config(tcfg), indent=2, sort_keys=True))
         (out / "sft.json").write_text(json.dumps({**record, "result": result.to_dict()}, indent=2, sort_keys=True))

@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from marft_algos.advantages import grpo_advantages, once_per_action, turn_level_advantages
 from marft_algos.algorithm import Algorithm, PPOPolicy
+from marft_algos.branching import tree_paths
 from marft_algos.config import (
     BranchingConfig,
     ConfigError,
@@ -33,6 +35,7 @@ from marft_algos.config import (
     check_normalization,
     with_default,
 )
+from marft_algos.credit import observation_key, step_group_advantages, tree_credit
 from marft_algos.records import Episode, RolloutBatch, Transition
 from marft_algos.reward_source import RewardSourceSetting
 from marft_algos.trainer import Trainer
@@ -121,7 +124,6 @@ class GRPO(PPOPolicy, RewardSourceSetting, Algorithm):
         return bool(np.max(np.abs(adv)) < 1e-8)
 
     def _group_advantages(self, rewards: list[float], group_ids: list[int], agent_ids: list[int], turn_ids: list[int], scale: bool) -> np.ndarray:
-        from marft_algos.advantages import grpo_advantages
 
         mode = self.config.normalize_advantages
         return np.asarray(grpo_advantages(
@@ -199,9 +201,6 @@ class GRPO(PPOPolicy, RewardSourceSetting, Algorithm):
 
     def _tree_credit(self, episodes: list[Episode], scale: bool) -> Any:
         """:func:`~marft_algos.credit.tree_credit` over the trees of ``episodes`` (one per group)."""
-        from marft_algos.branching import tree_paths
-        from marft_algos.credit import tree_credit
-
         paths = tree_paths(episodes)
         agent_of = {t.action_key: t.agent for ep in episodes for t in ep.transitions}
         returns = [[self._leaf_return(ep, agent_of[a]) for _, a in path] for ep, path in zip(episodes, paths, strict=True)]
@@ -223,9 +222,6 @@ class GRPO(PPOPolicy, RewardSourceSetting, Algorithm):
         """GiGPO: + ``step_group_weight`` x the step-level advantage of each action: its return
         from its step on (discounted by ``turn_gamma`` per turn) against the mean over the
         group's actions taken from the same observation (:func:`~marft_algos.credit.step_group_advantages`)."""
-        from marft_algos.advantages import turn_level_advantages
-        from marft_algos.credit import observation_key, step_group_advantages
-
         c = self.config
         firsts: list[Transition] = []  # each action's first segment: the observation it was taken from
         returns: list[float] = []
@@ -258,8 +254,6 @@ class GRPO(PPOPolicy, RewardSourceSetting, Algorithm):
     def _turn_advantages(self, batch: RolloutBatch) -> None:
         """MARS: each action's return from its agent's own later rewards, normalised per
         (group, agent) (see :func:`~marft_algos.advantages.turn_level_advantages`)."""
-        from marft_algos.advantages import once_per_action, turn_level_advantages
-
         c = self.config
         trs = batch.transitions
         if not trs:

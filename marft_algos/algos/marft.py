@@ -18,6 +18,8 @@ import torch
 
 from marft_algos import losses
 from marft_algos.algorithm import Algorithm, Terms, whiten
+from marft_algos.algos.critic import Critic
+from marft_algos.branching import tree_paths
 from marft_algos.buffer import token_field
 from marft_algos.config import (
     BranchingConfig,
@@ -29,8 +31,11 @@ from marft_algos.config import (
     check_at_least,
     check_normalization,
 )
+from marft_algos.credit import leaf_returns_to_go, tree_credit
 from marft_algos.optim import CRITIC_KEY
 from marft_algos.records import RolloutBatch, Transition
+from marft_algos.recovery import CollapseRecovery
+from marft_algos.reward_source import env_has_team_reward
 
 __all__ = ["MARFTBase", "MARFTConfig"]
 
@@ -108,8 +113,6 @@ class MARFTBase(Algorithm):
     # ---- modules -------------------------------------------------------------------
     def setup(self) -> None:
         """Build the critic (shared head by default, per agent on request) on the frozen base."""
-        from marft_algos.algos.critic import Critic
-
         c = self.config
         self.critic = Critic(self.trainer.policy, self.agents, per_agent=c.critic_per_agent, lora=c.critic_lora, value_model=self._value_model_arg)
         c.branch_collector(self.collector)  # branching > 1: trees (marft_algos.branching)
@@ -121,9 +124,6 @@ class MARFTBase(Algorithm):
         by ``gamma_agent`` (hop inside a turn) and ``gamma_turn`` (hop to the next turn) like
         the chain GAE, with no bootstrap (a Monte-Carlo return). ``q[a]`` is then an action's
         Monte-Carlo value, ``v[node]`` the value of the observation its siblings share."""
-        from marft_algos.branching import tree_paths
-        from marft_algos.credit import leaf_returns_to_go, tree_credit
-
         c = self.config
         paths = tree_paths(batch.episodes)
         returns = []
@@ -147,8 +147,6 @@ class MARFTBase(Algorithm):
 
     def check(self) -> None:
         """Agent-by-agent needs separate parameters per agent; one value chain needs a team reward."""
-        from marft_algos.reward_source import env_has_team_reward
-
         t = self.trainer
         if self.config.agent_by_agent:
             trained = t.trainable_agents()
@@ -170,7 +168,6 @@ class MARFTBase(Algorithm):
         """Collapse recovery (``recovery.enabled``)."""
         if not self.config.recovery.enabled:
             return []
-        from marft_algos.recovery import CollapseRecovery
 
         self.recovery = CollapseRecovery(self.trainer, self.config.recovery)
         return [self.recovery]

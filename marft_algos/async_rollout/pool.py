@@ -30,12 +30,16 @@ generated again) and otherwise stops the run with its exit status; no batch with
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import queue
 import signal
 import time
 import weakref
 from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
 
 from marft_algos.async_rollout.weights import SharedWeights, synced_parameters
 from marft_algos.async_rollout.worker import Task, worker_main
@@ -147,8 +151,6 @@ class AsyncRollout(Callback):
 
     def start(self) -> None:
         """Spawn the workers and wait until each has built its policy (``rollout_timeout_s``)."""
-        import torch.multiprocessing as tmp
-
         t = self.trainer
         self.ctx = tmp.get_context("spawn")
         self.params = synced_parameters(t.policy, t.trainable_agents())
@@ -162,12 +164,10 @@ class AsyncRollout(Callback):
         self.expected = None
 
     def _spawn(self, w: int) -> None:
-        import os
 
         t = self.trainer
         rng = rng_state()
         if w:  # several workers: each its own sampling stream
-            import torch
 
             g = torch.Generator().manual_seed(t.config.seed * 1000 + w)
             rng = {**rng, "torch": g.get_state()}

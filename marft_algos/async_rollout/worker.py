@@ -18,11 +18,22 @@ from its task queue, on Ctrl-C, and when the trainer's process is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
+import queue
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+
+from marft_algos.async_rollout.weights import synced_parameters
+from marft_algos.policy_factory import make_policy
+from marft_algos.rollout import RolloutCollector
+from marft_algos.seeding import set_rng_state
+from marft_algos.threads import threads_for
 
 __all__ = ["Task", "worker_main"]
 
@@ -49,19 +60,9 @@ def worker_main(
     shared: Any, tasks: Any, results: Any, rng: dict[str, Any], ppid: int, policy_blob: bytes | None = None,
 ) -> None:
     """Entry point of worker ``worker`` (see the module docstring)."""
-    import queue
-
     try:
-        import dataclasses
-        import pickle
 
-        import torch
 
-        from marft_algos.async_rollout.weights import synced_parameters
-        from marft_algos.policy_factory import make_policy
-        from marft_algos.rollout import RolloutCollector
-        from marft_algos.seeding import set_rng_state
-        from marft_algos.threads import threads_for
 
         cfg = config if not config.rollout_device else dataclasses.replace(config, device=config.rollout_device)
         torch.set_num_threads(threads_for("collect", cfg.collect_threads))
