@@ -60,12 +60,17 @@ def alive(trainer) -> list:
     return [p for p in trainer.rollout.procs if p is not None and p.is_alive()]
 
 
-@pytest.mark.parametrize("algo", list(ALGOS))
-def test_staleness_zero_equals_synchronous_run(algo):
-    sync = make(algo)
+@pytest.mark.parametrize("algo,extra", [(a, {}) for a in ALGOS] + [("grpo", {"branching": 2, "group_size": 1})],
+                         ids=[*ALGOS, "grpo-branching"])
+def test_staleness_zero_equals_synchronous_run(algo, extra):
+    """A worker at staleness 0 gives the synchronous run's weights bit for bit (with branching:
+    the worker plays the same trees as the trainer's collector)."""
+    sync = make(algo, **extra)
     before = trained(sync)
     hist_sync = sync.train()
-    asyn = make(algo, rollout_workers=1, max_staleness=0)
+    if extra.get("branching"):
+        assert hist_sync[0]["rollout/tree_leaves"] > 0
+    asyn = make(algo, rollout_workers=1, max_staleness=0, **extra)
     hist_async = asyn.train()
     assert not alive(asyn)  # the run's end stops its workers
     a, b = trained(sync), trained(asyn)
@@ -74,7 +79,7 @@ def test_staleness_zero_equals_synchronous_run(algo):
     assert not diff, diff
     for step, (x, y) in enumerate(zip(hist_sync, hist_async, strict=True)):
         assert y["rollout/staleness"] == 0.0 and y["rollout/policy_version"] == step
-        assert x["team/reward"] == y["team/reward"]
+        assert x["team/reward"] == y["team/reward"] and x["rollout/tokens"] == y["rollout/tokens"]
         assert 0.0 <= y["perf/worker_idle_frac"] <= 1.0 and 0.0 <= y["perf/trainer_idle_frac"] <= 1.0
     assert hist_async[-1].get("rollout/dropped_batches", 0.0) == 0.0
 

@@ -61,9 +61,6 @@ def worker_main(
 ) -> None:
     """Entry point of worker ``worker`` (see the module docstring)."""
     try:
-
-
-
         cfg = config if not config.rollout_device else dataclasses.replace(config, device=config.rollout_device)
         torch.set_num_threads(threads_for("collect", cfg.collect_threads))
         policy = pickle.loads(policy_blob) if policy_blob is not None else make_policy(cfg, agents)
@@ -71,6 +68,8 @@ def worker_main(
             env_fn, policy, num_envs=cfg.num_envs, group_size=group_size, seed=cfg.seed, mode="train",
             sampling_overrides=cfg.sampling_overrides, max_context=cfg.max_context, strict_context=cfg.strict_context,
         )
+        if callable(getattr(cfg, "branch_collector", None)):
+            cfg.branch_collector(collector)  # trees, as the trainer's own collector plays them (branching > 1)
         params = synced_parameters(policy, roles)
         set_rng_state(rng)  # after the policy's own initialisation drew from it
         results.put(("ready", os.getpid()))
