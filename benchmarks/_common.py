@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,6 +50,28 @@ __all__ = [
     "timer",
     "child_row",
 ]
+
+
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load averages (None where the OS has none): recorded beside timings."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def load_text() -> str:
+    """:func:`load_average` as text for a report ("-" where unknown)."""
+    load = load_average()
+    return ", ".join(f"{x:.2f}" for x in load) if load is not None else "-"
+
+
+def write_stage(out: Path, name: str, args: Any, tables: dict[str, list[dict[str, Any]]],
+                csvs: dict[str, tuple[str, Sequence[str]]], markdown: str, wall_s: float) -> None:
+    """Write a benchmark's outputs with the rows so far (a long run leaves its partial result):
+    one CSV per ``csvs`` entry (table key -> (file name, columns)), ``<name>.json`` with the
+    args, tables, wall time, load average and versions, and ``<name>.md``."""
+    for key, (fname, columns) in csvs.items():
+        write_csv(out / fname, tables[key], list(columns))
+    write_json(out / f"{name}.json", {"args": vars(args), **tables, "wall_s": wall_s, "loadavg": load_average(), "versions": versions()})
+    (out / f"{name}.md").write_text(markdown)
 
 
 def summary_stats(xs: Sequence[float]) -> dict[str, float]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import markdown_table, versions, write_csv, write_json  # noqa: E402
+from benchmarks._common import load_text, markdown_table, write_stage  # noqa: E402
 from marft_algos.evaluation import agent_tool_stats, bootstrap_mean, run_samples, summarize  # noqa: E402
 
 TEAM_COLUMNS = ("env_id", "system", "problems", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
@@ -163,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
 
 
 def _markdown(args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], wall_s: float) -> str:
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "-"
+    load = load_text()
     return "\n\n".join([
         f"Model {args.model}, algorithm {args.algo}, {args.eval_n} held-out questions, greedy, "
         f"max {args.max_new_tokens} new tokens per step; wall time {wall_s / 60:.1f} min, load average {load}.",
@@ -175,11 +174,7 @@ def _markdown(args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]],
 def _stage(out: Path, args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], what: str, t0: float) -> None:
     """Write every output with the rows so far (a long run leaves its partial result)."""
     wall = time.time() - t0
-    write_csv(out / "rag_team.csv", tables["team"], TEAM_COLUMNS)
-    write_csv(out / "rag_agents.csv", tables["agents"], AGENT_COLUMNS)
-    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    write_json(out / "rag.json", {"args": vars(args), **tables, "wall_s": wall, "loadavg": load, "versions": versions()})
-    (out / "rag.md").write_text(_markdown(args, tables, wall))
+    write_stage(out, "rag", args, tables, {"team": ("rag_team.csv", TEAM_COLUMNS), "agents": ("rag_agents.csv", AGENT_COLUMNS)}, _markdown(args, tables, wall), wall)
     print(f"[rag] {what} done at {wall:.0f} s", flush=True)
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import markdown_table, versions, write_csv, write_json  # noqa: E402
+from benchmarks._common import load_text, markdown_table, write_stage  # noqa: E402
 from marft_algos.evaluation import bootstrap_mean, run_samples, summarize, wilson  # noqa: E402
 
 ROWS = ("env_id", "system", "problems", "accuracy", "acc_lo", "acc_hi", "tool_rate", "tool_lo", "tool_hi",
@@ -179,7 +178,7 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
 
 
 def _markdown(args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], wall_s: float) -> str:
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "-"
+    load = load_text()
     return "\n\n".join([
         f"Model {args.model}; SFT on {args.num_demos} scripted episodes x {args.epochs} epochs; RL: GRPO (agent-wise), "
         f"{args.steps} steps max; {args.eval_n} held-out problems, greedy, max {args.max_new_tokens} new tokens per step; "
@@ -192,11 +191,7 @@ def _markdown(args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]],
 def _stage(out: Path, args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], what: str, t0: float) -> None:
     """Write every output with the rows so far (a long run leaves its partial result)."""
     wall = time.time() - t0
-    write_csv(out / "sft_warmstart.csv", tables["rows"], ROWS)
-    write_csv(out / "sft_warmstart_diffs.csv", tables["diffs"], DIFFS)
-    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    write_json(out / "sft_warmstart.json", {"args": vars(args), **tables, "wall_s": wall, "loadavg": load, "versions": versions()})
-    (out / "sft_warmstart.md").write_text(_markdown(args, tables, wall))
+    write_stage(out, "sft_warmstart", args, tables, {"rows": ("sft_warmstart.csv", ROWS), "diffs": ("sft_warmstart_diffs.csv", DIFFS)}, _markdown(args, tables, wall), wall)
     print(f"[sft_warmstart] {what} done at {wall:.0f} s", flush=True)
 
 

@@ -320,31 +320,15 @@ FAMILIES["rag"] = _page(
 )
 
 
-builtin(
-    "arith-calc-duo-v0",
-    _ENTRY,
-    kwargs={"task": "arith", "profiles": "calc_duo", "tool_config": _CALC_TOOLS},
-    description="procedural integer arithmetic, offline; reasoner -> actor with a calculator tool",
-)
-builtin(
-    "gsm8k-calc-duo-v0",
-    _ENTRY,
-    kwargs={"task": "gsm8k", "profiles": "calc_duo", "split": "train", "tool_config": _CALC_TOOLS},
-    description="GSM8K grade-school math; reasoner -> actor with a calculator tool",
-)
-# the solo baselines of the calc duos (the equal-budget tool task compares team and solo with the same tool)
-builtin(
-    "arith-calc-solo-v0",
-    _ENTRY,
-    kwargs={"task": "arith", "profiles": "calc_solo", "tool_config": _CALC_TOOLS},
-    description="procedural integer arithmetic, offline; one actor with a calculator tool",
-)
-builtin(
-    "gsm8k-calc-solo-v0",
-    _ENTRY,
-    kwargs={"task": "gsm8k", "profiles": "calc_solo", "split": "train", "tool_config": _CALC_TOOLS},
-    description="GSM8K grade-school math; one actor with a calculator tool",
-)
+# the calc duos and their solo baselines (the equal-budget tool task compares team and solo with the same tool)
+for _team, _who in (("duo", "reasoner -> actor with a calculator tool"), ("solo", "one actor with a calculator tool")):
+    for _task, _data, _split in (("arith", "procedural integer arithmetic, offline", {}), ("gsm8k", "GSM8K grade-school math", {"split": "train"})):
+        builtin(
+            f"{_task}-calc-{_team}-v0",
+            _ENTRY,
+            kwargs={"task": _task, "profiles": f"calc_{_team}", **_split, "tool_config": _CALC_TOOLS},
+            description=f"{_data}; {_who}",
+        )
 for _team, _what in (("solo", "generator with the search tool"),
                      ("quartet", "rewriter -> selector (search tool) -> filter -> generator")):
     builtin(

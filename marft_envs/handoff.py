@@ -32,6 +32,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from marft_envs.verifiers.extract import extract_boxed
+
 __all__ = ["HANDOFFS", "MAX_CLAIMS", "Handoff", "claims_record", "final_answer", "resolve_handoff"]
 
 logger = logging.getLogger("marft_envs")
@@ -39,32 +41,15 @@ logger = logging.getLogger("marft_envs")
 #: most claim lines kept by :func:`claims_record`
 MAX_CLAIMS = 4
 _TAIL = 20_000
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
 _ANSWER_RE = re.compile(r"\banswer\s*(?:is\b\s*[:=]?|[:=])\s*(.+)", re.IGNORECASE)
 _CLAIM_RE = re.compile(r"\d|=")
-
-
-def _last_boxed(text: str) -> str | None:
-    # matched braces in one pass (linear on adversarial input)
-    closing: dict[int, int] = {}
-    stack: list[int] = []
-    for i, c in enumerate(text):
-        if c == "{":
-            stack.append(i)
-        elif c == "}" and stack:
-            closing[stack.pop()] = i
-    for m in reversed(list(_BOX_RE.finditer(text))):
-        start = m.end() - 1
-        if start in closing:
-            return text[start + 1 : closing[start]].strip()
-    return None
 
 
 def final_answer(text: str, **_: Any) -> str:
     """The final answer in ``text``: the last ``\\boxed{}`` (kept boxed), else what follows the
     last ``Answer:`` / ``answer is``, else the last sentence ("" for an empty text)."""
     text = str(text)[-_TAIL:]
-    boxed = _last_boxed(text)
+    boxed = extract_boxed(text)
     if boxed is not None:
         return f"\\boxed{{{boxed}}}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

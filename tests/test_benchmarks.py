@@ -9,7 +9,6 @@ leaderboard lives in the package (``marft_algos.evaluation``, also ``marft leade
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,16 +19,13 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from tests.helpers.bench import load_benchmark
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", REPO / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark(name)
 
 
 @pytest.fixture(scope="module")

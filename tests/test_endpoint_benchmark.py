@@ -5,25 +5,20 @@ Real parts: the tiny model, the real loopback endpoint, real ``openai`` clients.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.helpers.bench import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_bench_endpoint", REPO / "benchmarks" / "endpoint.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("endpoint")
 
 
 def test_episodes_per_second_at_each_concurrency_beside_the_built_in_env(bench: ModuleType, tmp_path: Path,

@@ -8,14 +8,14 @@ not run here; those rows must say why they were skipped.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+
+from tests.helpers.bench import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 # a hung child fails its row (--timeout) before pytest's own 600 s limit ends the test
@@ -25,12 +25,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU b
 
 @pytest.fixture(scope="module")
 def gc() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_bench_gpu_check", REPO / "benchmarks" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_check")
 
 
 def _rows(out: Path) -> dict[str, dict]:

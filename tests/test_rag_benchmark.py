@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 import marft_envs
+from tests.helpers.bench import load_benchmark
 from tests.helpers.scripted import CharPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _rag_bench():
-    spec = importlib.util.spec_from_file_location("_bench_rag_f1", REPO / "benchmarks" / "rag.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("rag", "_bench_rag_f1")
 
 
 class Hedger(CharPolicy):
