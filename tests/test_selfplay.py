@@ -124,7 +124,7 @@ def test_zero_sum_per_agent_returns_sum_to_zero():
         # the reward read right after the agent's own step misses the loser's -1 (it arrives on
         # the winner's move): that bookkeeping would give +1 in total, not 0
         assert sum(tr.reward for tr in ep.transitions) == 1.0
-    _, rewards, group_ids, _ = t.algorithm._units(batch.episodes)
+    _, rewards, group_ids, _, _ = t.algorithm._units(batch.episodes)  # (transitions, reward, group, agent, turn)
     assert len(rewards) == 16 and sum(rewards) == 0.0
     per_episode = {}
     for ep in batch.episodes:
