@@ -129,6 +129,18 @@ def skip_reason(check: str, *, cuda_devices: int, dry_run: bool, has: Callable[[
 
 
 # --------------------------------------------------------------------------- GPU memory
+def _nvml_handles() -> tuple[Any, list[Any]]:
+    """``(pynvml, handles)`` of the GPUs this process may see (``CUDA_VISIBLE_DEVICES``), through
+    NVML (nvidia-ml-py), which creates no CUDA context; raises where NVML is missing."""
+    import pynvml  # deferred: optional (nvidia-ml-py), only on a GPU machine
+
+    pynvml.nvmlInit()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = pynvml.nvmlDeviceGetCount()
+    idx = [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else list(range(count))
+    return pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in idx if i < count]
+
+
 class GpuMemory:
     """Peak device-wide GPU memory in use (all visible GPUs, every process), sampled by a thread.
 
@@ -146,13 +158,7 @@ class GpuMemory:
     @staticmethod
     def _reader() -> Callable[[], float] | None:
         try:
-            import pynvml  # nvidia-ml-py: no CUDA context, sees vLLM's processes too
-
-            pynvml.nvmlInit()
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            count = pynvml.nvmlDeviceGetCount()
-            idx = [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else list(range(count))
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in idx if i < count]
+            pynvml, handles = _nvml_handles()  # no CUDA context, sees vLLM's processes too
             return lambda: sum(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles) / _GIB
         except Exception:  # noqa: BLE001 - no NVML: fall back to torch
             pass
@@ -610,13 +616,7 @@ def _devices() -> tuple[list[str], float | None]:
     Read through NVML where it is installed, so that this parent process never creates a CUDA
     context of its own (it would hold memory on GPU 0 through every check)."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        count = pynvml.nvmlDeviceGetCount()
-        idx = [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else list(range(count))
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in idx if i < count]
+        pynvml, handles = _nvml_handles()
         names = [pynvml.nvmlDeviceGetName(h) for h in handles]
         used = sum(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles) / _GIB
         return [n.decode() if isinstance(n, bytes) else str(n) for n in names], round(used, 2)
