@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,10 @@ __all__ = [
     "summary_stats",
     "timer",
     "child_row",
+    "StagedReport",
+    "json_option",
+    "load_average",
+    "load_text",
 ]
 
 
@@ -63,15 +67,45 @@ def load_text() -> str:
     return ", ".join(f"{x:.2f}" for x in load) if load is not None else "-"
 
 
-def write_stage(out: Path, name: str, args: Any, tables: dict[str, list[dict[str, Any]]],
-                csvs: dict[str, tuple[str, Sequence[str]]], markdown: str, wall_s: float) -> None:
-    """Write a benchmark's outputs with the rows so far (a long run leaves its partial result):
-    one CSV per ``csvs`` entry (table key -> (file name, columns)), ``<name>.json`` with the
-    args, tables, wall time, load average and versions, and ``<name>.md``."""
-    for key, (fname, columns) in csvs.items():
-        write_csv(out / fname, tables[key], list(columns))
-    write_json(out / f"{name}.json", {"args": vars(args), **tables, "wall_s": wall_s, "loadavg": load_average(), "versions": versions()})
-    (out / f"{name}.md").write_text(markdown)
+def json_option(flag: str, text: str, example: str) -> Any:
+    """``text``, the value of the JSON option ``flag``, parsed; a :class:`SystemExit` that
+    shows ``example`` where it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{flag} is not JSON ({e}); e.g. {flag} '{example}'") from None
+
+
+class StagedReport:
+    """A benchmark's outputs, rewritten after every stage (a long run leaves its partial result).
+
+    ``csvs`` maps a table key to (CSV file name, columns); ``tables`` holds each key's rows.
+    :meth:`stage` writes one CSV per table, ``<name>.json`` (args, tables, wall time since
+    construction, load average, versions) and ``<name>.md``: ``header(wall_s)``, then the
+    tables in ``csvs`` order.
+    """
+
+    def __init__(self, out: Path, name: str, args: Any, csvs: dict[str, tuple[str, Sequence[str]]],
+                 header: Callable[[float], str]) -> None:
+        self.out, self.name, self.args, self.csvs, self.header = out, name, args, csvs, header
+        self.tables: dict[str, list[dict[str, Any]]] = {key: [] for key in csvs}
+        self.t0 = time.time()
+
+    def markdown(self, wall_s: float | None = None) -> str:
+        """The Markdown report (``wall_s`` default: the time since construction)."""
+        wall_s = time.time() - self.t0 if wall_s is None else wall_s
+        parts = [self.header(wall_s), *(markdown_table(self.tables[key], list(columns)) for key, (_, columns) in self.csvs.items())]
+        return "\n\n".join(parts) + "\n"
+
+    def stage(self, what: str) -> None:
+        """Write every output with the rows so far and print ``[<name>] <what> done at <s> s``."""
+        wall_s = time.time() - self.t0
+        for key, (fname, columns) in self.csvs.items():
+            write_csv(self.out / fname, self.tables[key], list(columns))
+        write_json(self.out / f"{self.name}.json",
+                   {"args": vars(self.args), **self.tables, "wall_s": wall_s, "loadavg": load_average(), "versions": versions()})
+        (self.out / f"{self.name}.md").write_text(self.markdown(wall_s))
+        print(f"[{self.name}] {what} done at {wall_s:.0f} s", flush=True)
 
 
 def summary_stats(xs: Sequence[float]) -> dict[str, float]:

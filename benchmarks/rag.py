@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import load_text, markdown_table, write_stage  # noqa: E402
+from benchmarks._common import StagedReport, json_option, load_text  # noqa: E402
 from marft_algos.evaluation import agent_tool_stats, bootstrap_mean, run_samples, summarize  # noqa: E402
 
 TEAM_COLUMNS = ("env_id", "system", "problems", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
@@ -137,45 +137,27 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Every system, untrained then trained; returns the tables (also written to ``--out``)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--env-kwargs is not JSON ({e}); e.g. --env-kwargs '{{\"hops\": [1, 2]}}'") from None
-    start = time.time()
-    tables: dict[str, list[dict[str, Any]]] = {"team": [], "agents": []}
+    env_kwargs = json_option("--env-kwargs", args.env_kwargs, '{"hops": [1, 2]}')
+    report = StagedReport(out, "rag", args, {"team": ("rag_team.csv", TEAM_COLUMNS), "agents": ("rag_agents.csv", AGENT_COLUMNS)},
+                          lambda wall_s: f"Model {args.model}, algorithm {args.algo}, {args.eval_n} held-out questions, greedy, "
+                          f"max {args.max_new_tokens} new tokens per step; wall time {wall_s / 60:.1f} min, load average {load_text()}.")
+    tables = report.tables
     label = {args.env: "team", args.solo_env: "solo"}
     for env_id in [e for e in (args.env, args.solo_env) if e]:
         trainer = make_trainer(env_id, args, env_kwargs, out / env_id)
         team, agents = evaluate(trainer.policy, env_id, f"untrained {label[env_id]}", args, env_kwargs, 0, 0.0)
         tables["team"].append(team)
         tables["agents"] += agents
-        _stage(out, args, tables, f"{env_id} untrained", start)
+        report.stage(f"{env_id} untrained")
         if args.steps > 0:
             steps, train_s = train(trainer, args)
             team, agents = evaluate(trainer.policy, env_id, f"{label[env_id]} + {args.algo}", args, env_kwargs, steps, train_s)
             tables["team"].append(team)
             tables["agents"] += agents
-            _stage(out, args, tables, f"{env_id} trained ({steps} steps, {train_s:.0f} s)", start)
+            report.stage(f"{env_id} trained ({steps} steps, {train_s:.0f} s)")
         del trainer
-    print(_markdown(args, tables, time.time() - start))
+    print(report.markdown())
     return tables
-
-
-def _markdown(args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], wall_s: float) -> str:
-    load = load_text()
-    return "\n\n".join([
-        f"Model {args.model}, algorithm {args.algo}, {args.eval_n} held-out questions, greedy, "
-        f"max {args.max_new_tokens} new tokens per step; wall time {wall_s / 60:.1f} min, load average {load}.",
-        markdown_table(tables["team"], TEAM_COLUMNS),
-        markdown_table(tables["agents"], AGENT_COLUMNS),
-    ]) + "\n"
-
-
-def _stage(out: Path, args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], what: str, t0: float) -> None:
-    """Write every output with the rows so far (a long run leaves its partial result)."""
-    wall = time.time() - t0
-    write_stage(out, "rag", args, tables, {"team": ("rag_team.csv", TEAM_COLUMNS), "agents": ("rag_agents.csv", AGENT_COLUMNS)}, _markdown(args, tables, wall), wall)
-    print(f"[rag] {what} done at {wall:.0f} s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
