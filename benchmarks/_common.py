@@ -51,6 +51,8 @@ __all__ = [
     "child_row",
     "StagedReport",
     "json_option",
+    "set_values",
+    "train_within",
     "load_average",
     "load_text",
 ]
@@ -74,6 +76,30 @@ def json_option(flag: str, text: str, example: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise SystemExit(f"{flag} is not JSON ({e}); e.g. {flag} '{example}'") from None
+
+
+def set_values(items: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as a dict, each value parsed as JSON where it parses (else
+    kept as text); an item without ``=`` is a :class:`SystemExit` that says so."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def train_within(trainer: Any, steps: int, minutes: float) -> tuple[int, float]:
+    """``trainer.train_step()`` until it has done ``steps`` steps or ``minutes`` have passed;
+    returns (steps done, seconds)."""
+    t0 = time.perf_counter()
+    while trainer.global_step < steps and time.perf_counter() - t0 < 60 * minutes:
+        trainer.train_step()
+    return trainer.global_step, time.perf_counter() - t0
 
 
 class StagedReport:

@@ -26,7 +26,6 @@ Outputs in ``--out``: ``rag.md``, ``rag_team.csv``, ``rag_agents.csv``, ``rag.js
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import StagedReport, json_option, load_text  # noqa: E402
+from benchmarks._common import StagedReport, json_option, load_text, set_values, train_within  # noqa: E402
 from marft_algos.evaluation import agent_tool_stats, bootstrap_mean, run_samples, summarize  # noqa: E402
 
 TEAM_COLUMNS = ("env_id", "system", "problems", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
@@ -67,19 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _extra(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def make_trainer(env_id: str, args: argparse.Namespace, env_kwargs: dict[str, Any], out: Path) -> Any:
     """A trainer of ``--algo`` on ``env_id`` (its fresh LoRA adapters are the untrained team)."""
     import marft_envs
@@ -97,7 +83,7 @@ def make_trainer(env_id: str, args: argparse.Namespace, env_kwargs: dict[str, An
         kwargs["group_size"] = args.group_size
     if "normalize_advantages" in fields and args.algo == "grpo":
         kwargs["normalize_advantages"] = "agent"  # Dr. MAS: one baseline per agent
-    kwargs.update(_extra(args))
+    kwargs.update(set_values(args.set))
     return spec.trainer_cls(spec.config_cls(**{k: v for k, v in kwargs.items() if k in fields}))
 
 
@@ -125,14 +111,6 @@ def evaluate(policy: Any, env_id: str, system: str, args: argparse.Namespace, en
     return team, rows
 
 
-def train(trainer: Any, args: argparse.Namespace) -> tuple[int, float]:
-    """Up to ``--steps`` steps within ``--train-minutes``; returns (steps done, seconds)."""
-    t0 = time.perf_counter()
-    while trainer.global_step < args.steps and time.perf_counter() - t0 < 60 * args.train_minutes:
-        trainer.train_step()
-    return trainer.global_step, time.perf_counter() - t0
-
-
 def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Every system, untrained then trained; returns the tables (also written to ``--out``)."""
     out = Path(args.out)
@@ -150,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         tables["agents"] += agents
         report.stage(f"{env_id} untrained")
         if args.steps > 0:
-            steps, train_s = train(trainer, args)
+            steps, train_s = train_within(trainer, args.steps, args.train_minutes)
             team, agents = evaluate(trainer.policy, env_id, f"{label[env_id]} + {args.algo}", args, env_kwargs, steps, train_s)
             tables["team"].append(team)
             tables["agents"] += agents

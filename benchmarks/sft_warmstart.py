@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import StagedReport, json_option, load_text  # noqa: E402
+from benchmarks._common import StagedReport, json_option, load_text, train_within  # noqa: E402
 from marft_algos.evaluation import bootstrap_mean, run_samples, summarize, wilson  # noqa: E402
 
 ROWS = ("env_id", "system", "problems", "accuracy", "acc_lo", "acc_hi", "tool_rate", "tool_lo", "tool_hi",
@@ -106,14 +106,6 @@ def make_trainer(env_id: str, args: argparse.Namespace, env_kwargs: dict[str, An
     return GRPOTrainer(config)
 
 
-def train(trainer: Any, args: argparse.Namespace) -> tuple[int, float]:
-    """Up to ``--steps`` steps within ``--train-minutes``; returns (steps done, seconds)."""
-    t0 = time.perf_counter()
-    while trainer.global_step < args.steps and time.perf_counter() - t0 < 60 * args.train_minutes:
-        trainer.train_step()
-    return trainer.global_step, time.perf_counter() - t0
-
-
 def paired(env_id: str, name: str, a: tuple[list[float], list[float]], b: tuple[list[float], list[float]], seed: int) -> dict[str, Any]:
     """The paired difference ``a - b`` of accuracy and tool-call rate over the same problems (bootstrap CI)."""
     acc = bootstrap_mean([x - y for x, y in zip(a[0], b[0], strict=True)], seed=seed)
@@ -137,7 +129,7 @@ def run_env(env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, o
     cold = make_trainer(env_id, args, env_kwargs, out / env_id / "rl", None)
     record("base", cold.policy)
     if args.cold_rl and args.steps > 0:
-        steps, secs = train(cold, args)
+        steps, secs = train_within(cold, args.steps, args.train_minutes)
         record("rl", cold.policy, train_steps=steps, train_s=round(secs, 1))
     del cold
     sft_dir = out / env_id / "sft"
@@ -150,7 +142,7 @@ def run_env(env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, o
     warm = make_trainer(env_id, args, env_kwargs, out / env_id / "sft_rl", str(sft_dir))
     record("sft", warm.policy, demos=demos, sft_s=sft_s)
     if args.steps > 0:
-        steps, secs = train(warm, args)
+        steps, secs = train_within(warm, args.steps, args.train_minutes)
         record("sft + rl", warm.policy, demos=demos, sft_s=sft_s, train_steps=steps, train_s=round(secs, 1))
     del warm
     for a, b in PAIRS:

@@ -1,5 +1,6 @@
-"""benchmarks/_common.py's staged report and JSON option (issue 26: rag.py and
-sft_warmstart.py wrote the same CSV/JSON/Markdown stage and parsed --env-kwargs the same way)."""
+"""benchmarks/_common.py's staged report and option parsers (issue 26: rag.py and
+sft_warmstart.py wrote the same CSV/JSON/Markdown stage and parsed --env-kwargs the same
+way; rag.py and default_memory.py parsed --set the same way)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `benchmarks` importable, as the scripts do
 
-from benchmarks._common import StagedReport, json_option  # noqa: E402
+from benchmarks._common import StagedReport, json_option, set_values  # noqa: E402
 
 
 def test_staged_report_writes_every_table_and_the_markdown_in_csv_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,3 +42,11 @@ def test_json_option_parses_or_exits_with_an_example() -> None:
     assert json_option("--env-kwargs", '{"k": 3}', "{}") == {"k": 3}
     with pytest.raises(SystemExit, match=r"--env-kwargs is not JSON \(.*\); e.g. --env-kwargs '\{\"hops\": \[1\]\}'"):
         json_option("--env-kwargs", "{hops: 1}", '{"hops": [1]}')
+
+
+def test_set_values_parses_json_or_keeps_text_and_rejects_an_item_without_equals() -> None:
+    # rag.py and default_memory.py each parsed --set this way; default_memory took "lr" as {"lr": ""}
+    assert set_values(["lr=1e-4", "mode=lora", 'sampling_overrides={"a": {"temperature": 0.5}}', "note=a=b"]) == {
+        "lr": 1e-4, "mode": "lora", "sampling_overrides": {"a": {"temperature": 0.5}}, "note": "a=b"}
+    with pytest.raises(SystemExit, match=r"--set takes KEY=VALUE, got 'lr'"):
+        set_values(["lr"])
