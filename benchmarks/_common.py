@@ -7,6 +7,7 @@ marft, so ``marft leaderboard`` has them) and are re-exported here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from marft_algos.config import apply_overrides, config_from_dict
 from marft_algos.evaluation import (
     checkpoint_policy,
     fmt,
@@ -30,6 +32,7 @@ from marft_algos.evaluation import (
     write_csv,
     write_json,
 )
+from marft_algos.registry import get_algorithm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,6 +55,7 @@ __all__ = [
     "StagedReport",
     "json_option",
     "set_values",
+    "algo_config",
     "train_within",
     "load_average",
     "load_text",
@@ -91,6 +95,20 @@ def set_values(items: Sequence[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def algo_config(algo: str, settings: dict[str, Any], sets: Sequence[str] = (), *, skip_unknown_sets: bool = False) -> tuple[Any, Any]:
+    """The registered ``algo``'s spec and config: ``settings`` restricted to the fields its
+    config class has (a setting shared by every system, such as GRPO's ``group_size``,
+    reaches only the algorithms that have it), then the ``--set`` items ``sets`` applied
+    (``marft train --set`` syntax). With ``skip_unknown_sets`` an item whose field the config
+    lacks is skipped; without, it is a ``ConfigError`` that says so."""
+    spec = get_algorithm(algo)
+    names = {f.name for f in dataclasses.fields(spec.config_cls)}
+    data = {k: v for k, v in settings.items() if k in names}
+    if skip_unknown_sets:
+        sets = [s for s in sets if s.split("=", 1)[0].split(".", 1)[0] in names]
+    return spec, config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, data, list(sets)))
 
 
 def train_within(trainer: Any, steps: int, minutes: float) -> tuple[int, float]:

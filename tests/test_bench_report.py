@@ -1,6 +1,7 @@
 """benchmarks/_common.py's staged report and option parsers (issue 26: rag.py and
 sft_warmstart.py wrote the same CSV/JSON/Markdown stage and parsed --env-kwargs the same
-way; rag.py and default_memory.py parsed --set the same way)."""
+way; rag.py and default_memory.py parsed --set the same way; algo_steps.py and headline.py
+built an algorithm's config from shared settings the same way)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `benchmarks` importable, as the scripts do
 
-from benchmarks._common import StagedReport, json_option, set_values  # noqa: E402
+from benchmarks._common import StagedReport, algo_config, json_option, set_values  # noqa: E402
 
 
 def test_staged_report_writes_every_table_and_the_markdown_in_csv_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,3 +51,15 @@ def test_set_values_parses_json_or_keeps_text_and_rejects_an_item_without_equals
         "lr": 1e-4, "mode": "lora", "sampling_overrides": {"a": {"temperature": 0.5}}, "note": "a=b"}
     with pytest.raises(SystemExit, match=r"--set takes KEY=VALUE, got 'lr'"):
         set_values(["lr"])
+
+
+def test_algo_config_keeps_the_fields_the_algorithm_has_and_applies_sets() -> None:
+    # algo_steps.py and headline.py each filtered shared settings and applied --set this way
+    from marft_algos.config import ConfigError
+
+    spec, config = algo_config("grpo", {"env_id": "echo-duo-v0", "group_size": 2, "lr": 0.5}, ["lr=0.001"])
+    assert spec.name == "grpo" and (config.group_size, config.lr) == (2, 0.001)
+    _, ippo = algo_config("ippo", {"env_id": "echo-duo-v0", "group_size": 2}, ["group_size=3", "seed=7"], skip_unknown_sets=True)
+    assert not hasattr(ippo, "group_size") and ippo.seed == 7
+    with pytest.raises(ConfigError, match="group_size"):
+        algo_config("ippo", {"env_id": "echo-duo-v0"}, ["group_size=3"])
