@@ -7,19 +7,21 @@ marft, so ``marft leaderboard`` has them) and are re-exported here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from marft_algos.config import apply_overrides, config_from_dict
 from marft_algos.evaluation import (
     checkpoint_policy,
     fmt,
@@ -30,6 +32,7 @@ from marft_algos.evaluation import (
     write_csv,
     write_json,
 )
+from marft_algos.registry import get_algorithm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,6 +52,13 @@ __all__ = [
     "summary_stats",
     "timer",
     "child_row",
+    "StagedReport",
+    "json_option",
+    "set_values",
+    "algo_config",
+    "train_within",
+    "load_average",
+    "load_text",
 ]
 
 
@@ -63,15 +73,83 @@ def load_text() -> str:
     return ", ".join(f"{x:.2f}" for x in load) if load is not None else "-"
 
 
-def write_stage(out: Path, name: str, args: Any, tables: dict[str, list[dict[str, Any]]],
-                csvs: dict[str, tuple[str, Sequence[str]]], markdown: str, wall_s: float) -> None:
-    """Write a benchmark's outputs with the rows so far (a long run leaves its partial result):
-    one CSV per ``csvs`` entry (table key -> (file name, columns)), ``<name>.json`` with the
-    args, tables, wall time, load average and versions, and ``<name>.md``."""
-    for key, (fname, columns) in csvs.items():
-        write_csv(out / fname, tables[key], list(columns))
-    write_json(out / f"{name}.json", {"args": vars(args), **tables, "wall_s": wall_s, "loadavg": load_average(), "versions": versions()})
-    (out / f"{name}.md").write_text(markdown)
+def json_option(flag: str, text: str, example: str) -> Any:
+    """``text``, the value of the JSON option ``flag``, parsed; a :class:`SystemExit` that
+    shows ``example`` where it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{flag} is not JSON ({e}); e.g. {flag} '{example}'") from None
+
+
+def set_values(items: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as a dict, each value parsed as JSON where it parses (else
+    kept as text); an item without ``=`` is a :class:`SystemExit` that says so."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def algo_config(algo: str, settings: dict[str, Any], sets: Sequence[str] = (), *, skip_unknown_sets: bool = False) -> tuple[Any, Any]:
+    """The registered ``algo``'s spec and config: ``settings`` restricted to the fields its
+    config class has (a setting shared by every system, such as GRPO's ``group_size``,
+    reaches only the algorithms that have it), then the ``--set`` items ``sets`` applied
+    (``marft train --set`` syntax). With ``skip_unknown_sets`` an item whose field the config
+    lacks is skipped; without, it is a ``ConfigError`` that says so."""
+    spec = get_algorithm(algo)
+    names = {f.name for f in dataclasses.fields(spec.config_cls)}
+    data = {k: v for k, v in settings.items() if k in names}
+    if skip_unknown_sets:
+        sets = [s for s in sets if s.split("=", 1)[0].split(".", 1)[0] in names]
+    return spec, config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, data, list(sets)))
+
+
+def train_within(trainer: Any, steps: int, minutes: float) -> tuple[int, float]:
+    """``trainer.train_step()`` until it has done ``steps`` steps or ``minutes`` have passed;
+    returns (steps done, seconds)."""
+    t0 = time.perf_counter()
+    while trainer.global_step < steps and time.perf_counter() - t0 < 60 * minutes:
+        trainer.train_step()
+    return trainer.global_step, time.perf_counter() - t0
+
+
+class StagedReport:
+    """A benchmark's outputs, rewritten after every stage (a long run leaves its partial result).
+
+    ``csvs`` maps a table key to (CSV file name, columns); ``tables`` holds each key's rows.
+    :meth:`stage` writes one CSV per table, ``<name>.json`` (args, tables, wall time since
+    construction, load average, versions) and ``<name>.md``: ``header(wall_s)``, then the
+    tables in ``csvs`` order.
+    """
+
+    def __init__(self, out: Path, name: str, args: Any, csvs: dict[str, tuple[str, Sequence[str]]],
+                 header: Callable[[float], str]) -> None:
+        self.out, self.name, self.args, self.csvs, self.header = out, name, args, csvs, header
+        self.tables: dict[str, list[dict[str, Any]]] = {key: [] for key in csvs}
+        self.t0 = time.time()
+
+    def markdown(self, wall_s: float | None = None) -> str:
+        """The Markdown report (``wall_s`` default: the time since construction)."""
+        wall_s = time.time() - self.t0 if wall_s is None else wall_s
+        parts = [self.header(wall_s), *(markdown_table(self.tables[key], list(columns)) for key, (_, columns) in self.csvs.items())]
+        return "\n\n".join(parts) + "\n"
+
+    def stage(self, what: str) -> None:
+        """Write every output with the rows so far and print ``[<name>] <what> done at <s> s``."""
+        wall_s = time.time() - self.t0
+        for key, (fname, columns) in self.csvs.items():
+            write_csv(self.out / fname, self.tables[key], list(columns))
+        write_json(self.out / f"{self.name}.json",
+                   {"args": vars(self.args), **self.tables, "wall_s": wall_s, "loadavg": load_average(), "versions": versions()})
+        (self.out / f"{self.name}.md").write_text(self.markdown(wall_s))
+        print(f"[{self.name}] {what} done at {wall_s:.0f} s", flush=True)
 
 
 def summary_stats(xs: Sequence[float]) -> dict[str, float]:

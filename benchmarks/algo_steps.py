@@ -31,7 +31,6 @@ Outputs in ``--out``: ``algo_steps.md``, ``algo_steps.csv`` (per repetition),
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import os
 import sys
@@ -42,7 +41,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import markdown_table, summary_stats, versions, write_csv, write_json  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    algo_config,
+    markdown_table,
+    summary_stats,
+    versions,
+    write_csv,
+    write_json,
+)
 
 __all__ = ["main", "build_parser", "build_trainers", "run_interleaved", "summarize_steps", "STEP_COLUMNS", "SUMMARY_COLUMNS", "METRICS"]
 
@@ -55,8 +61,6 @@ METRICS = ("wall_s", "rollout_s", "update_s", "generate_s")
 def build_trainers(args: argparse.Namespace) -> dict[str, Any]:
     """One trainer per algorithm of ``args.algos`` with the shared settings (see the module doc)."""
     import marft_envs
-    from marft_algos.config import apply_overrides, config_from_dict
-    from marft_algos.registry import get_algorithm
 
     agents = marft_envs.make(args.env).possible_agents
     shared: dict[str, Any] = {
@@ -68,11 +72,7 @@ def build_trainers(args: argparse.Namespace) -> dict[str, Any]:
     }
     trainers: dict[str, Any] = {}
     for algo in args.algos:
-        spec = get_algorithm(algo)
-        names = {f.name for f in dataclasses.fields(spec.config_cls)}
-        data = {k: v for k, v in shared.items() if k in names}  # group_size is GRPO's alone
-        sets = [s for s in args.set if s.split("=", 1)[0].split(".", 1)[0] in names]
-        config = config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, data, sets))
+        spec, config = algo_config(algo, shared, args.set, skip_unknown_sets=True)  # group_size is GRPO's alone
         t0 = time.perf_counter()
         trainers[algo] = spec.trainer_cls(config)
         print(f"[algo_steps] built {algo} in {time.perf_counter() - t0:.1f} s", flush=True)

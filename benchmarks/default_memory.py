@@ -24,22 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import child_row, markdown_table  # noqa: E402
+from benchmarks._common import child_row, markdown_table, set_values  # noqa: E402
 
 __all__ = ["main"]
 
 ALGOS = ("grpo", "ippo", "marft-action", "marft-token")
-
-
-def _overrides(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        key, _, raw = pair.partition("=")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def measure(algo: str, args: argparse.Namespace) -> dict[str, float | str]:
@@ -51,7 +40,7 @@ def measure(algo: str, args: argparse.Namespace) -> dict[str, float | str]:
 
     spec = get_algorithm(algo)
     kw = dict(env_id=args.env, model=args.model, steps=1, progress=False, tensorboard=False, plot=False)
-    kw.update(_overrides(args.set))
+    kw.update(set_values(args.set))
     with tempfile.TemporaryDirectory() as out:
         config = spec.config_cls(**{"out_dir": out, **kw})
         trainer = spec.trainer_cls(config)
@@ -88,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append({"algo": algo, "peak_rss_mb": "failed", "step_s": e.stderr.strip().splitlines()[-1][:80] if e.stderr.strip() else e.returncode})
             continue
         print(rows[-1], file=sys.stderr, flush=True)  # progress: a cut-off run keeps what it measured
-    print(f"{args.env} on {args.model}, one step, overrides {_overrides(args.set)}\n")
+    print(f"{args.env} on {args.model}, one step, overrides {set_values(args.set)}\n")
     print(markdown_table(rows, ["algo", "peak_rss_mb", "step_s", "threads", "micro_batch_tokens"]))
     return 0
 

@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import markdown_table, versions, wilson, write_csv, write_json  # noqa: E402
+from benchmarks._common import json_option, markdown_table, versions, wilson, write_csv, write_json  # noqa: E402
 from marft_algos.cli import QUICKSTART_ARITH_LEVEL, QUICKSTART_RECIPE, QUICKSTART_SAMPLING  # noqa: E402
 
 __all__ = ["main", "build_parser", "paired_bootstrap", "fit_groups", "SYSTEMS", "System", "queue", "COMPARISONS", "tokens_to_target", "TABLE_COLUMNS", "DIFF_COLUMNS"]
@@ -821,10 +821,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the pending jobs (or one ``--job``), then write the report."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    try:
-        json.loads(args.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--env-kwargs is not valid JSON: {e}") from None
+    json_option("--env-kwargs", args.env_kwargs, '{"hops": [1], "k": 3}')
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.job:

@@ -45,7 +45,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import markdown_table, untrained_policy, versions, write_csv, write_json  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    algo_config,
+    markdown_table,
+    untrained_policy,
+    versions,
+    write_csv,
+    write_json,
+)
 from marft_algos.evaluation import run_samples, summarize  # noqa: E402
 
 __all__ = ["main", "build_parser", "HEADLINE_COLUMNS", "CURVE_COLUMNS", "ALGO_DEFAULTS"]
@@ -68,10 +75,6 @@ def _eval(policy: Any, env_id: str, problems: list[int], args: argparse.Namespac
 
 
 def _config(algo: str, args: argparse.Namespace, out: Path) -> Any:
-    from marft_algos.config import apply_overrides, config_from_dict
-    from marft_algos.registry import get_algorithm
-
-    spec = get_algorithm(algo)
     data: dict[str, Any] = {
         "env_id": args.env, "model": args.model, "steps": args.steps, "seed": args.seed,
         "out_dir": str(out / algo), "transcript_every": 10, "progress": False, "save_every": 0,
@@ -84,9 +87,7 @@ def _config(algo: str, args: argparse.Namespace, out: Path) -> Any:
     if args.max_new_tokens:
         sampling["max_new_tokens"] = args.max_new_tokens
     data["sampling_overrides"] = {a: dict(sampling) for a in agents}
-    names = {f.name for f in __import__("dataclasses").fields(spec.config_cls)}
-    data = {k: v for k, v in data.items() if k in names}
-    return spec, config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, data, args.set))
+    return algo_config(algo, data, args.set)
 
 
 def train_with_curve(algo: str, args: argparse.Namespace, out: Path, problems: list[int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

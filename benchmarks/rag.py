@@ -26,7 +26,6 @@ Outputs in ``--out``: ``rag.md``, ``rag_team.csv``, ``rag_agents.csv``, ``rag.js
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import load_text, markdown_table, write_stage  # noqa: E402
+from benchmarks._common import StagedReport, json_option, load_text, set_values, train_within  # noqa: E402
 from marft_algos.evaluation import agent_tool_stats, bootstrap_mean, run_samples, summarize  # noqa: E402
 
 TEAM_COLUMNS = ("env_id", "system", "problems", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
@@ -67,19 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _extra(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def make_trainer(env_id: str, args: argparse.Namespace, env_kwargs: dict[str, Any], out: Path) -> Any:
     """A trainer of ``--algo`` on ``env_id`` (its fresh LoRA adapters are the untrained team)."""
     import marft_envs
@@ -97,7 +83,7 @@ def make_trainer(env_id: str, args: argparse.Namespace, env_kwargs: dict[str, An
         kwargs["group_size"] = args.group_size
     if "normalize_advantages" in fields and args.algo == "grpo":
         kwargs["normalize_advantages"] = "agent"  # Dr. MAS: one baseline per agent
-    kwargs.update(_extra(args))
+    kwargs.update(set_values(args.set))
     return spec.trainer_cls(spec.config_cls(**{k: v for k, v in kwargs.items() if k in fields}))
 
 
@@ -125,57 +111,31 @@ def evaluate(policy: Any, env_id: str, system: str, args: argparse.Namespace, en
     return team, rows
 
 
-def train(trainer: Any, args: argparse.Namespace) -> tuple[int, float]:
-    """Up to ``--steps`` steps within ``--train-minutes``; returns (steps done, seconds)."""
-    t0 = time.perf_counter()
-    while trainer.global_step < args.steps and time.perf_counter() - t0 < 60 * args.train_minutes:
-        trainer.train_step()
-    return trainer.global_step, time.perf_counter() - t0
-
-
 def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Every system, untrained then trained; returns the tables (also written to ``--out``)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--env-kwargs is not JSON ({e}); e.g. --env-kwargs '{{\"hops\": [1, 2]}}'") from None
-    start = time.time()
-    tables: dict[str, list[dict[str, Any]]] = {"team": [], "agents": []}
+    env_kwargs = json_option("--env-kwargs", args.env_kwargs, '{"hops": [1, 2]}')
+    report = StagedReport(out, "rag", args, {"team": ("rag_team.csv", TEAM_COLUMNS), "agents": ("rag_agents.csv", AGENT_COLUMNS)},
+                          lambda wall_s: f"Model {args.model}, algorithm {args.algo}, {args.eval_n} held-out questions, greedy, "
+                          f"max {args.max_new_tokens} new tokens per step; wall time {wall_s / 60:.1f} min, load average {load_text()}.")
+    tables = report.tables
     label = {args.env: "team", args.solo_env: "solo"}
     for env_id in [e for e in (args.env, args.solo_env) if e]:
         trainer = make_trainer(env_id, args, env_kwargs, out / env_id)
         team, agents = evaluate(trainer.policy, env_id, f"untrained {label[env_id]}", args, env_kwargs, 0, 0.0)
         tables["team"].append(team)
         tables["agents"] += agents
-        _stage(out, args, tables, f"{env_id} untrained", start)
+        report.stage(f"{env_id} untrained")
         if args.steps > 0:
-            steps, train_s = train(trainer, args)
+            steps, train_s = train_within(trainer, args.steps, args.train_minutes)
             team, agents = evaluate(trainer.policy, env_id, f"{label[env_id]} + {args.algo}", args, env_kwargs, steps, train_s)
             tables["team"].append(team)
             tables["agents"] += agents
-            _stage(out, args, tables, f"{env_id} trained ({steps} steps, {train_s:.0f} s)", start)
+            report.stage(f"{env_id} trained ({steps} steps, {train_s:.0f} s)")
         del trainer
-    print(_markdown(args, tables, time.time() - start))
+    print(report.markdown())
     return tables
-
-
-def _markdown(args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], wall_s: float) -> str:
-    load = load_text()
-    return "\n\n".join([
-        f"Model {args.model}, algorithm {args.algo}, {args.eval_n} held-out questions, greedy, "
-        f"max {args.max_new_tokens} new tokens per step; wall time {wall_s / 60:.1f} min, load average {load}.",
-        markdown_table(tables["team"], TEAM_COLUMNS),
-        markdown_table(tables["agents"], AGENT_COLUMNS),
-    ]) + "\n"
-
-
-def _stage(out: Path, args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], what: str, t0: float) -> None:
-    """Write every output with the rows so far (a long run leaves its partial result)."""
-    wall = time.time() - t0
-    write_stage(out, "rag", args, tables, {"team": ("rag_team.csv", TEAM_COLUMNS), "agents": ("rag_agents.csv", AGENT_COLUMNS)}, _markdown(args, tables, wall), wall)
-    print(f"[rag] {what} done at {wall:.0f} s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

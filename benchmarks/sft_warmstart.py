@@ -29,7 +29,6 @@ every stage; the SFT run dirs are ``<out>/<env>/sft``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks._common import load_text, markdown_table, write_stage  # noqa: E402
+from benchmarks._common import StagedReport, json_option, load_text, train_within  # noqa: E402
 from marft_algos.evaluation import bootstrap_mean, run_samples, summarize, wilson  # noqa: E402
 
 ROWS = ("env_id", "system", "problems", "accuracy", "acc_lo", "acc_hi", "tool_rate", "tool_lo", "tool_hi",
@@ -107,14 +106,6 @@ def make_trainer(env_id: str, args: argparse.Namespace, env_kwargs: dict[str, An
     return GRPOTrainer(config)
 
 
-def train(trainer: Any, args: argparse.Namespace) -> tuple[int, float]:
-    """Up to ``--steps`` steps within ``--train-minutes``; returns (steps done, seconds)."""
-    t0 = time.perf_counter()
-    while trainer.global_step < args.steps and time.perf_counter() - t0 < 60 * args.train_minutes:
-        trainer.train_step()
-    return trainer.global_step, time.perf_counter() - t0
-
-
 def paired(env_id: str, name: str, a: tuple[list[float], list[float]], b: tuple[list[float], list[float]], seed: int) -> dict[str, Any]:
     """The paired difference ``a - b`` of accuracy and tool-call rate over the same problems (bootstrap CI)."""
     acc = bootstrap_mean([x - y for x, y in zip(a[0], b[0], strict=True)], seed=seed)
@@ -123,23 +114,22 @@ def paired(env_id: str, name: str, a: tuple[list[float], list[float]], b: tuple[
             "tool_rate": tool[0], "tool_lo": tool[1], "tool_hi": tool[2]}
 
 
-def run_env(env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, out: Path,
-            tables: dict[str, list[dict[str, Any]]], start: float) -> None:
-    """The systems of one env (rows and paired differences appended to ``tables``)."""
+def run_env(env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, out: Path, report: StagedReport) -> None:
+    """The systems of one env (rows and paired differences appended to ``report.tables``)."""
     from marft_algos.sft import SFTConfig, run_sft
 
     vectors: dict[str, tuple[list[float], list[float]]] = {}
 
     def record(system: str, policy: Any, **extra: Any) -> None:
         row, correct, used = evaluate(policy, env_id, system, args, env_kwargs)
-        tables["rows"].append({**row, **extra})
+        report.tables["rows"].append({**row, **extra})
         vectors[system] = (correct, used)
-        _stage(out, args, tables, f"{env_id} {system}", start)
+        report.stage(f"{env_id} {system}")
 
     cold = make_trainer(env_id, args, env_kwargs, out / env_id / "rl", None)
     record("base", cold.policy)
     if args.cold_rl and args.steps > 0:
-        steps, secs = train(cold, args)
+        steps, secs = train_within(cold, args.steps, args.train_minutes)
         record("rl", cold.policy, train_steps=steps, train_s=round(secs, 1))
     del cold
     sft_dir = out / env_id / "sft"
@@ -152,47 +142,29 @@ def run_env(env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, o
     warm = make_trainer(env_id, args, env_kwargs, out / env_id / "sft_rl", str(sft_dir))
     record("sft", warm.policy, demos=demos, sft_s=sft_s)
     if args.steps > 0:
-        steps, secs = train(warm, args)
+        steps, secs = train_within(warm, args.steps, args.train_minutes)
         record("sft + rl", warm.policy, demos=demos, sft_s=sft_s, train_steps=steps, train_s=round(secs, 1))
     del warm
     for a, b in PAIRS:
         if a in vectors and b in vectors:
-            tables["diffs"].append(paired(env_id, f"{a} - {b}", vectors[a], vectors[b], args.seed))
-    _stage(out, args, tables, f"{env_id} differences", start)
+            report.tables["diffs"].append(paired(env_id, f"{a} - {b}", vectors[a], vectors[b], args.seed))
+    report.stage(f"{env_id} differences")
 
 
 def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Every env and system; returns the tables (also written to ``--out``)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        all_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--env-kwargs is not JSON ({e})") from None
-    start = time.time()
-    tables: dict[str, list[dict[str, Any]]] = {"rows": [], "diffs": []}
-    for env_id in [e.strip() for e in args.envs.split(",") if e.strip()]:
-        run_env(env_id, dict(all_kwargs.get(env_id, {})), args, out, tables, start)
-    print(_markdown(args, tables, time.time() - start))
-    return tables
-
-
-def _markdown(args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], wall_s: float) -> str:
-    load = load_text()
-    return "\n\n".join([
-        f"Model {args.model}; SFT on {args.num_demos} scripted episodes x {args.epochs} epochs; RL: GRPO (agent-wise), "
+    all_kwargs = json_option("--env-kwargs", args.env_kwargs, '{"rag-solo-v0": {"hops": [1]}}')
+    report = StagedReport(
+        out, "sft_warmstart", args, {"rows": ("sft_warmstart.csv", ROWS), "diffs": ("sft_warmstart_diffs.csv", DIFFS)},
+        lambda wall_s: f"Model {args.model}; SFT on {args.num_demos} scripted episodes x {args.epochs} epochs; RL: GRPO (agent-wise), "
         f"{args.steps} steps max; {args.eval_n} held-out problems, greedy, max {args.max_new_tokens} new tokens per step; "
-        f"wall time {wall_s / 60:.1f} min, load average {load}. Intervals: 95% Wilson (rates), 95% paired bootstrap (differences).",
-        markdown_table(tables["rows"], ROWS),
-        markdown_table(tables["diffs"], DIFFS),
-    ]) + "\n"
-
-
-def _stage(out: Path, args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], what: str, t0: float) -> None:
-    """Write every output with the rows so far (a long run leaves its partial result)."""
-    wall = time.time() - t0
-    write_stage(out, "sft_warmstart", args, tables, {"rows": ("sft_warmstart.csv", ROWS), "diffs": ("sft_warmstart_diffs.csv", DIFFS)}, _markdown(args, tables, wall), wall)
-    print(f"[sft_warmstart] {what} done at {wall:.0f} s", flush=True)
+        f"wall time {wall_s / 60:.1f} min, load average {load_text()}. Intervals: 95% Wilson (rates), 95% paired bootstrap (differences).")
+    for env_id in [e.strip() for e in args.envs.split(",") if e.strip()]:
+        run_env(env_id, dict(all_kwargs.get(env_id, {})), args, out, report)
+    print(report.markdown())
+    return report.tables
 
 
 def main(argv: list[str] | None = None) -> int:

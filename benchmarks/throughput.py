@@ -151,15 +151,14 @@ def _marft_step(trainer: Any) -> dict[str, float]:
     }
 
 
-def _trl_grpo(args: argparse.Namespace, steps: int, callback: Any) -> Any:
-    """TRL's GRPOTrainer on the solo arith prompts (the ``grpo`` section's settings), with
-    ``callback`` added; its generation runs on marft's collect threads."""
+def _trl_trainer(args: argparse.Namespace, steps: int) -> Any:
+    """TRL's GRPOTrainer on the solo arith prompts for ``steps`` steps (the ``grpo`` section's
+    settings: LoRA r=8 on the attention projections, no KL, temperature 1, fp32 on CPU)."""
     from peft import LoraConfig
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
     from marft_algos.models import load_base
-    from marft_algos.threads import phase_threads
 
     G, T = args.group_size, args.gen_tokens
     dataset, task = _arith_dataset(steps * 4)
@@ -176,7 +175,14 @@ def _trl_grpo(args: argparse.Namespace, steps: int, callback: Any) -> Any:
         gradient_checkpointing=False, beta=0.0, temperature=1.0, seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
     )
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], bias="none", task_type="CAUSAL_LM")
-    trl = TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok, peft_config=lora)
+    return TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok, peft_config=lora)
+
+
+def _trl_grpo(args: argparse.Namespace, steps: int, callback: Any) -> Any:
+    """:func:`_trl_trainer` with ``callback`` added; its generation runs on marft's collect threads."""
+    from marft_algos.threads import phase_threads
+
+    trl = _trl_trainer(args, steps)
     gen = trl._generate
 
     def threaded_generate(*a: Any, **k: Any) -> Any:
@@ -300,48 +306,14 @@ def _arith_dataset(n: int) -> tuple[Any, Any]:
 
 def run_grpo_vs_trl(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """TRL steps with marft solo + duo steps interleaved (run from a TRL callback)."""
-    from peft import LoraConfig
     from transformers import TrainerCallback
-    from trl import GRPOConfig as TRLConfig
-    from trl import GRPOTrainer as TRLTrainer
-
-    from marft_algos.models import load_base
 
     G, T = args.group_size, args.gen_tokens
     total = args.reps + 1  # + warm-up
     print(f"[throughput] grpo: G={G}, <= {T} tokens per sample, {args.reps} reps (+1 warm-up)", flush=True)
     solo = _marft_grpo(args.model, "arith-solo-v0", {"actor": T}, G, args.lr, args.seed)
     duo = _marft_grpo(args.model, "arith-duo-v0", {"reasoner": T // 2, "actor": T - T // 2}, G, args.lr, args.seed)
-    dataset, task = _arith_dataset(total * 4)
-
-    def reward(completions: list[Any], pidx: list[int], **_: Any) -> list[float]:
-        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
-        return [float(task.grade(t, task.get(int(i))).correct) for t, i in zip(texts, pidx, strict=True)]
-
-    model, tok = load_base(args.model)
-    cuda = torch.cuda.is_available()
-    tmp = tempfile.mkdtemp(prefix="marft-trl-")
-    cfg = TRLConfig(
-        output_dir=tmp,
-        per_device_train_batch_size=G,
-        num_generations=G,
-        max_completion_length=T,
-        learning_rate=args.lr,
-        max_steps=total,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=not cuda,
-        bf16=cuda,
-        gradient_checkpointing=False,
-        beta=0.0,
-        temperature=1.0,
-        seed=args.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], bias="none", task_type="CAUSAL_LM")
-    trl = TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok, peft_config=lora)
+    trl = _trl_trainer(args, total)
 
     # Instrument TRL: generation time and generated tokens of each step. These are private
     # methods (checked with TRL 1.16): a TRL that renamed or bypassed them must make this

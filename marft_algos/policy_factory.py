@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from marft_algos.checkpoint import CheckpointError, find_checkpoint
 from marft_algos.config import ConfigError, TrainConfig
 from marft_algos.fsdp import PolicySharding
 
-__all__ = ["check_frozen_apart", "check_policy", "load_init", "make_policy", "shard_policy"]
+__all__ = ["check_frozen_apart", "check_policy", "load_init", "make_policy", "policy_device", "shard_policy"]
 
 
 def make_policy(config: TrainConfig, agents: Sequence[str], *, init: bool = True) -> Any:
@@ -41,6 +43,18 @@ def make_policy(config: TrainConfig, agents: Sequence[str], *, init: bool = True
     if config.engine != "hf" or config.engine_options:  # the policy starts on the built-in engine
         policy.engine = get_engine(config.engine)(policy, **config.engine_options)
     return policy
+
+
+def policy_device(policy: Any, agents: Sequence[str]) -> torch.device:
+    """Where ``policy`` runs: its ``device`` attribute, else the device of the first
+    trainable parameter of ``agents``, else the CPU."""
+    dev = getattr(policy, "device", None)
+    if dev is not None:
+        return torch.device(dev)
+    for role in agents:
+        for p in policy.trainable_parameters(role):
+            return p.device
+    return torch.device("cpu")
 
 
 def load_init(policy: Any, source: str, config: TrainConfig | None = None) -> Path:

@@ -18,6 +18,7 @@ episode (:mod:`marft_algos.branching`, docs/credit.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import time
@@ -30,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
+import marft_envs
 from marft_algos.branching import BRANCH_EXPAND, run_tree_chunk
+from marft_algos.config import TrainConfig
 from marft_algos.records import Episode, RolloutBatch, Transition
 from marft_envs.testing import check_step_output
 
@@ -44,7 +47,14 @@ __all__ = [
     "warn_overlong",
     "RolloutCollector",
     "make_sampling",
+    "default_env_fn",
 ]
+
+
+def default_env_fn(config: TrainConfig) -> Callable[[], Any]:
+    """A factory of env copies: ``marft_envs.make(config.env_id, **config.env_kwargs)`` (a
+    ``functools.partial``: picklable, so rollout workers can build the same envs)."""
+    return functools.partial(marft_envs.make, config.env_id, **dict(config.env_kwargs))
 
 
 @dataclass

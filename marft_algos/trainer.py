@@ -21,7 +21,6 @@ Register an algorithm with :func:`marft_algos.registry.register_algorithm`; the 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -48,9 +47,15 @@ from marft_algos.fsdp import shard_optimizer_states
 from marft_algos.microbatch import micro_batch_rows
 from marft_algos.optim import OptimizerSet, group_key, lr_factor, metric_prefix
 from marft_algos.perf_stats import PerfStats
-from marft_algos.policy_factory import check_frozen_apart, check_policy, make_policy, shard_policy
+from marft_algos.policy_factory import (
+    check_frozen_apart,
+    check_policy,
+    make_policy,
+    policy_device,
+    shard_policy,
+)
 from marft_algos.records import RolloutBatch, Transition
-from marft_algos.rollout import RolloutCollector, warn_overlong
+from marft_algos.rollout import RolloutCollector, default_env_fn, warn_overlong
 from marft_algos.rundir import RunDirLock
 from marft_algos.seeding import rng_state, seed_everything, set_rng_state
 from marft_algos.threads import phase_threads
@@ -114,7 +119,7 @@ class Trainer:
         self.policy = policy if policy is not None else make_policy(c, self.agents)
         self.collector.policy = self.policy
         self.behaviour = Behaviour(self.policy)
-        self.device = _policy_device(self.policy, self.agents)
+        self.device = policy_device(self.policy, self.agents)
         self.global_step = 0
         self.counters: dict[str, float] = defaultdict(float)
         self.history: list[dict[str, float]] = []
@@ -587,20 +592,3 @@ class Trainer:
             apply_optimizer_settings(self, saved)
         return loaded
 
-
-def default_env_fn(config: TrainConfig) -> Callable[[], Any]:
-    """A factory of env copies: ``marft_envs.make(config.env_id, **config.env_kwargs)`` (a
-    ``functools.partial``: picklable, so rollout workers can build the same envs)."""
-    import marft_envs
-
-    return functools.partial(marft_envs.make, config.env_id, **dict(config.env_kwargs))
-
-
-def _policy_device(policy: Any, agents: Sequence[str]) -> torch.device:
-    dev = getattr(policy, "device", None)
-    if dev is not None:
-        return torch.device(dev)
-    for role in agents:
-        for p in policy.trainable_parameters(role):
-            return p.device
-    return torch.device("cpu")
