@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -158,33 +161,34 @@ def test_fresh_batch_takes_the_synchronous_road():
         t.rollout.stop()
 
 
-def test_killed_worker_ends_the_run_with_a_clear_error():
-    t = make("grpo", rollout_workers=1, max_staleness=0, rollout_timeout_s=60)
+@contextmanager
+def worker_killed_after_one_step(**settings) -> Iterator[tuple[GRPOTrainer, Any]]:
+    """A one-worker GRPO run after its first step, its worker just killed by SIGKILL."""
+    t = make("grpo", rollout_workers=1, **settings)
     try:
         t.train_step()
         (proc,) = alive(t)
         os.kill(proc.pid, signal.SIGKILL)
+        yield t, proc
+    finally:
+        t.rollout.stop()
+
+
+def test_killed_worker_ends_the_run_with_a_clear_error():
+    with worker_killed_after_one_step(max_staleness=0, rollout_timeout_s=60) as (t, _):
         t0 = time.monotonic()
         with pytest.raises(RolloutWorkerError, match=r"rollout worker 0 \(pid \d+\) died: killed by SIGKILL.*rollout_restarts"):
             t.train_step()
         assert time.monotonic() - t0 < 30
         assert not alive(t) and not t.rollout.started
-    finally:
-        t.rollout.stop()
 
 
 def test_killed_worker_is_restarted_and_its_batch_generated_again():
-    t = make("grpo", rollout_workers=1, max_staleness=1, rollout_restarts=1)
-    try:
-        t.train_step()
-        (proc,) = alive(t)
-        os.kill(proc.pid, signal.SIGKILL)
+    with worker_killed_after_one_step(max_staleness=1, rollout_restarts=1) as (t, proc):
         t.train_step()  # step 2's batch may have been delivered before the kill
         m = t.train_step()  # step 3's was not: the worker is found dead and restarted
         assert m["rollout/worker_restarts"] == 1.0
         assert len(t.last_batch) == 4 and alive(t) and alive(t)[0].pid != proc.pid
-    finally:
-        t.rollout.stop()
 
 
 def test_stuck_worker_ends_the_run_after_the_timeout():
