@@ -22,6 +22,7 @@ import dataclasses
 import os
 import pickle
 import queue
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -55,6 +56,25 @@ def _parent_alive(ppid: int) -> bool:
     return os.getppid() == ppid
 
 
+def _leave(results: Any) -> None:
+    """Exit now, flushing no batch nobody will read: the trainer sent the stop (or is gone).
+
+    A batch generated ahead (``max_staleness > 0``) and never read stays buffered; once it
+    is larger than a pipe holds (64 KiB: any real model's batch) the queue's feeder thread
+    held the exit until the trainer's stop gave up after 5 s and terminated the worker.
+    Nothing else needs an orderly exit either (program threads and the loopback server are
+    daemon threads, the shared weights are the trainer's): ``os._exit`` skips the
+    interpreter's teardown of torch, which alone took seconds on a loaded machine.
+    """
+    results.cancel_join_thread()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0)
+
+
 def worker_main(
     worker: int, config: Any, agents: list[str], roles: list[str], env_fn: Any, group_size: int,
     shared: Any, tasks: Any, results: Any, rng: dict[str, Any], ppid: int, policy_blob: bytes | None = None,
@@ -82,16 +102,16 @@ def worker_main(
             except queue.Empty:
                 idle += time.perf_counter() - t0
                 if not _parent_alive(ppid):
-                    return
+                    return _leave(results)
                 continue
             if task is None:
-                return
+                return _leave(results)
             while True:  # the weights this batch may use: same epoch, version >= min_version
                 epoch, version = shared.stamp()
                 if epoch > task.epoch or (epoch == task.epoch and version >= task.min_version):
                     break
                 if not _parent_alive(ppid):
-                    return
+                    return _leave(results)
                 time.sleep(_POLL_S)
             idle += time.perf_counter() - t0
             if epoch > task.epoch:
