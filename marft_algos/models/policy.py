@@ -267,11 +267,11 @@ class TeamPolicy:
             layer's input and recompute the layer in the backward pass, so the memory of
             a training step no longer grows with tokens x layers (the price: one more
             forward of the layers, and no prefix sharing in training forwards, since a
-            recomputed layer must not write a shared cache twice). The LM head then runs
-            over chunks of tokens, recomputed in the backward too
-            (:mod:`marft_algos.models.chunked_head`), so no ``[tokens, vocab]`` logits are
-            kept either. Needs a transformers model whose decoder layers support gradient
-            checkpointing.
+            recomputed layer must not write a shared cache twice). Needs a transformers
+            model whose decoder layers support gradient checkpointing. With or without it,
+            the LM head of every scoring forward runs over chunks of tokens, recomputed in
+            the backward (:mod:`marft_algos.models.chunked_head`), so no ``[tokens, vocab]``
+            logits are kept.
         engine: the generation engine's registry name (:func:`marft_algos.engines.get_engine`;
             ``"hf"``: the KV-cached decode loop on this policy's models).
     """
@@ -322,7 +322,7 @@ class TeamPolicy:
         # cache, past the layer outputs where FSDP re-gathers the weights for the backward
         self.share_prefixes_with_grad = True
         self.activation_checkpointing = bool(activation_checkpointing)
-        # checkpointed training forwards run the LM head in recomputed chunks (chunked_head);
+        # scoring forwards run the LM head in recomputed chunks (chunked_head);
         # FSDP2 turns it off: the head's weights are resharded once the model's forward ends
         self.chunked_head = True
         self.seed = seed
@@ -760,15 +760,15 @@ class TeamPolicy:
         # a forward with grad shares prefixes unless a sharded model forbids it (see share_prefixes_with_grad)
         share = self.share_prefixes and not checkpointed and (self.share_prefixes_with_grad or not torch.is_grad_enabled())
         plan = plan_prefixes(prompt_ids) if share else None
+        # the head runs over chunks of tokens (recomputed in the backward): no [tokens, vocab]
+        # logits, log-softmax and entropy tensors of the whole forward (issue 28 item 24)
+        chunked = self.chunked_head and supports_chunked_head(model)
         with stack:
+            head_only = hidden_instead_of_logits(model) if chunked else contextlib.nullcontext(None)
             if plan is None:
                 kwargs = dict(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=False, logits_to_keep=rlen)
-                if checkpointed and self.chunked_head and supports_chunked_head(model):
-                    with hidden_instead_of_logits(model) as head:
-                        hidden = model(**kwargs).logits
-                    logp, entropy = chunked_head_stats(head, hidden, resp, temperature=temperature, entropy_grad=entropy_grad)
-                    return TokenStats(logp * rmask, entropy * rmask, rmask)
-                logits = model(**kwargs).logits
+                with head_only as head:
+                    logits = model(**kwargs).logits
             else:
                 cache = DynamicCache()
 
@@ -780,12 +780,16 @@ class TeamPolicy:
                 # response tokens follow the left-padded suffixes; the last input column is
                 # dropped (nothing to predict after it), as in the one-stage layout
                 tail_ids, tail_mask = resp[:, :-1], (rmask[:, :-1] > 0).long()
-                out, _ = two_stage_forward(
-                    run, cache, prompt_ids, plan, [None] * plan.num_clusters, [None] * n, pad, self.device, tail_ids, tail_mask, keep=rlen
-                )
+                with head_only as head:
+                    out, _ = two_stage_forward(
+                        run, cache, prompt_ids, plan, [None] * plan.num_clusters, [None] * n, pad, self.device, tail_ids, tail_mask, keep=rlen
+                    )
                 logits = out.logits
                 self.stats["train_prefix_saved"] += sum(len(p) for p in prompt_ids) - plan.tokens(prompt_ids)
-        logp, entropy = token_stats(logits, resp, temperature=temperature, entropy_grad=entropy_grad)
+            if head is not None:  # ``logits`` are the final hidden states
+                logp, entropy = chunked_head_stats(head, logits, resp, temperature=temperature, entropy_grad=entropy_grad)
+            else:
+                logp, entropy = token_stats(logits, resp, temperature=temperature, entropy_grad=entropy_grad)
         return TokenStats(logp * rmask, entropy * rmask, rmask)
 
     # ------------------------------------------------------------------------------------

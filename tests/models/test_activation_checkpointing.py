@@ -89,9 +89,13 @@ def test_config_reaches_the_policy_and_a_step_trains():
     assert m["train/step"] == 1.0 and m.get("train/nonfinite_skips", 0.0) == 0.0
 
 
-def test_the_checkpointed_head_keeps_no_vocab_sized_tensor():
-    """Under checkpointing the LM head runs in recomputed chunks: nothing [tokens, vocab] is saved."""
-    plain, ckpt = policy(share_prefixes=False), policy(activation_checkpointing=True)
+def test_the_head_keeps_no_vocab_sized_tensor_with_or_without_checkpointing():
+    """The LM head runs in recomputed chunks, checkpointed or not, prefixes shared or not:
+    nothing [tokens, vocab] is saved for the backward (issue 28 item 24). With the chunked
+    head off (FSDP2's setting) the full head's logits are."""
+    full_head, plain, shared = policy(share_prefixes=False), policy(share_prefixes=False), policy()
+    full_head.chunked_head = False
+    ckpt = policy(activation_checkpointing=True)
     vocab = ckpt.model("listener").get_output_embeddings().out_features
 
     def saved_shapes(pol: TeamPolicy) -> list[tuple[int, ...]]:
@@ -105,9 +109,10 @@ def test_the_checkpointed_head_keeps_no_vocab_sized_tensor():
             pol.sequence_logprobs("listener", PROMPTS, RESPONSES)
         return shapes
 
-    assert any(s and s[-1] == vocab for s in saved_shapes(plain))
-    assert not any(s and s[-1] == vocab for s in saved_shapes(ckpt))
-    assert isinstance(ckpt.model("listener").get_output_embeddings(), torch.nn.Linear)  # the head is back in place
+    assert any(s and s[-1] == vocab for s in saved_shapes(full_head))
+    for pol in (plain, shared, ckpt):
+        assert not any(s and s[-1] == vocab for s in saved_shapes(pol))
+        assert isinstance(pol.model("listener").get_output_embeddings(), torch.nn.Linear)  # the head is back in place
 
 
 @pytest.mark.parametrize("entropy_grad", [True, False])
