@@ -17,9 +17,11 @@ from marft_algos.evaluation import EvaluationError, wilson, wilson_interval
 
 REPO = Path(__file__).resolve().parents[2]
 #: A custom two-agent team file (written by the tests).
+# a few tokens per answer: the tiny model's 49k-vocabulary head makes each token cost
+_FEW = {"max_new_tokens": 4}
 _PAIR = [
-    {"role": "writer", "prompt": "Write a short answer."},
-    {"role": "critic", "prompt": "Check the answer and give the final one.", "with_answer": True},
+    {"role": "writer", "prompt": "Write a short answer.", "sampling": _FEW, "eval_sampling": _FEW},
+    {"role": "critic", "prompt": "Check the answer and give the final one.", "with_answer": True, "sampling": _FEW, "eval_sampling": _FEW},
 ]
 
 # --------------------------------------------------------------------------------------

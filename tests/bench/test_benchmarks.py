@@ -242,6 +242,7 @@ def test_throughput_bandwidth_section(tmp_path: Path) -> None:
     assert info["kv_dtype"] == "float32" and info["kv_bytes_per_token"] % 4 == 0  # the tiny model's own dtype
 
 
+@pytest.mark.slow  # ~60-120 s of memory-mode subprocesses; the modes are tested in tests/models/
 def test_throughput_memory_modes_section(tmp_path: Path) -> None:
     out = tmp_path / "tp"
     tp = _run("throughput", out, "--sections", "memory", "--scaling", "1,2", "--scaling-episodes", "2",
@@ -304,6 +305,7 @@ def test_headline_end_to_end(tmp_path: Path) -> None:
     assert (out / "headline.png").is_file()
 
 
+@pytest.mark.slow  # ~65 s: a fresh process per team size
 def test_memory_roles_table(capsys: pytest.CaptureFixture[str]) -> None:
     """n roles on one base: one base's parameters plus n adapters, measured in fresh processes."""
     mr = _load("memory_roles")
@@ -552,6 +554,7 @@ def test_equal_budget_fits_the_last_step_to_the_budget(eb: ModuleType) -> None:
     assert eb.fit_groups(2300, 8, 3500, 8) == 4  # 287.5/group, 1200 left -> 4.17
 
 
+@pytest.mark.slow  # ~60 s: a fresh process per mode; the modes are tested in tests/models/
 def test_forward_memory_modes(capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/forward_memory.py: one fresh process per mode, a table with ratios to plain."""
     fm = _load("forward_memory")

@@ -163,6 +163,7 @@ def test_cpu_dry_run_exercises_the_trl_peer_without_vllm(gc: ModuleType, tmp_pat
 
 
 @no_cuda
+@pytest.mark.slow  # ~60 s; FSDP2 on 2 gloo ranks runs in CI in tests/algos/test_distributed.py
 def test_cpu_dry_run_fsdp2_on_two_gloo_ranks(gc: ModuleType, tmp_path: Path) -> None:
     assert gc.main(["--cpu-dry-run", "--checks", "fsdp", *SMALL, "--out", str(tmp_path)]) == 0
     (r,) = _rows(tmp_path).values()
