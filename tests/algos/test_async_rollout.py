@@ -76,6 +76,15 @@ def test_staleness_zero_equals_synchronous_run(algo, extra):
     asyn = make(algo, rollout_workers=1, max_staleness=0, **extra)
     hist_async = asyn.train()
     assert not alive(asyn)  # the run's end stops its workers
+    assert_equal_runs(before, sync, asyn, hist_sync, hist_async)
+    for y in hist_async:
+        assert 0.0 <= y["perf/worker_idle_frac"] <= 1.0 and 0.0 <= y["perf/trainer_idle_frac"] <= 1.0
+    assert hist_async[-1].get("rollout/dropped_batches", 0.0) == 0.0
+
+
+def assert_equal_runs(before: dict, sync: Any, asyn: Any, hist_sync: list[dict], hist_async: list[dict]) -> None:
+    """The synchronous and the one-worker staleness-0 run trained the same weights bit for
+    bit (weights that moved from ``before``) and agree step by step."""
     a, b = trained(sync), trained(asyn)
     assert any(not torch.equal(before[k], a[k]) for k in a)  # the weights moved: the comparison means something
     diff = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.equal(a[k], b[k])}
@@ -83,8 +92,6 @@ def test_staleness_zero_equals_synchronous_run(algo, extra):
     for step, (x, y) in enumerate(zip(hist_sync, hist_async, strict=True)):
         assert y["rollout/staleness"] == 0.0 and y["rollout/policy_version"] == step
         assert x["team/reward"] == y["team/reward"] and x["rollout/tokens"] == y["rollout/tokens"]
-        assert 0.0 <= y["perf/worker_idle_frac"] <= 1.0 and 0.0 <= y["perf/trainer_idle_frac"] <= 1.0
-    assert hist_async[-1].get("rollout/dropped_batches", 0.0) == 0.0
 
 
 class WaitForNextBatch(Callback):
