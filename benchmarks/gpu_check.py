@@ -22,7 +22,9 @@ only:
   the second GPU (``rollout_device="cuda:1"``); skipped with a "not available" row when
   the installed marft has no ``rollout_workers`` setting, or with one GPU.
 - ``trl``: the peer, TRL's ``GRPOTrainer`` with ``use_vllm=True`` (``vllm_mode="colocate"``)
-  on the same model, LoRA, group size and completion length.
+  on the same model, LoRA, group size, completions per step (``--num-envs``, in whole
+  groups) and completion length; where vllm is not installed,
+  TRL generates with transformers (``use_vllm=False``), the peer of marft's ``hf`` engine.
 
 The table has, per path: status (``ok`` / ``skip`` / ``fail``, with the reason), tokens/s
 (generated tokens over the wall time of the timed steps or generations; the first
@@ -123,8 +125,6 @@ def skip_reason(check: str, *, cuda_devices: int, dry_run: bool, has: Callable[[
         return f"needs a second GPU for the rollout workers ({cuda_devices} visible)"
     if check == "fsdp" and cuda_devices < 2:
         return "needs 2 or more GPUs to shard over (1 visible; at world size 1 marft trains unsharded)"
-    if check == "trl" and not has("vllm"):
-        return "vllm is not installed (TRL's use_vllm needs it): pip install 'marft[vllm]'"
     return None
 
 
@@ -406,7 +406,7 @@ def check_async(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]
 
 
 def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
-    """TRL's GRPOTrainer with use_vllm (colocate) on the same model: the peer."""
+    """TRL's GRPOTrainer on the same model, the peer: with use_vllm (colocate) where vllm is installed."""
     from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOConfig as TRLConfig
@@ -418,7 +418,8 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
     from marft_algos.models.loading import ensure_cached
 
     G, T = args.group_size, 2 * args.max_new_tokens  # the duo's token budget per sample, in one completion
-    dataset, task = _arith_dataset(4 * (args.steps + 1))
+    B = -(-args.num_envs // G) * G  # completions per step: marft's episodes per step, in whole groups
+    dataset, task = _arith_dataset(B // G * (args.steps + 1))
 
     def reward(completions: list[Any], pidx: list[int], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
@@ -431,9 +432,10 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
     path = str(ensure_cached(alias)) if alias is not None and not tiny else args.model
     model, tok = load_base(args.model) if tiny else (path, None)
     gpu = not args.cpu_dry_run
+    use_vllm = gpu and _has("vllm")
     vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.gpu_memory_utilization,
-                vllm_max_model_length=args.max_model_len) if gpu else {}
-    cfg = TRLConfig(output_dir=tempfile.mkdtemp(prefix="marft-gpu-check-trl-"), per_device_train_batch_size=G,
+                vllm_max_model_length=args.max_model_len) if use_vllm else {}
+    cfg = TRLConfig(output_dir=tempfile.mkdtemp(prefix="marft-gpu-check-trl-"), per_device_train_batch_size=B,
                     num_generations=G, max_completion_length=T, learning_rate=1e-5, max_steps=args.steps, logging_steps=1,
                     report_to="none", save_strategy="no", bf16=gpu, use_cpu=not gpu, gradient_checkpointing=False, beta=0.0,
                     temperature=1.0, seed=0, disable_tqdm=True, dataloader_num_workers=0, **vllm)
@@ -466,18 +468,19 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
     trl.train()
     first = 1 if len(step_s) > 1 else 0  # the first step is a warm-up
     secs = sum(step_s[first:])
-    tokens = G * sum(lengths[first:]) if len(lengths) == len(step_s) else float("nan")
+    tokens = B * sum(lengths[first:]) if len(lengths) == len(step_s) else float("nan")
     n = len(step_s) - first
-    name = "TRL GRPOTrainer use_vllm (colocate)" if gpu else "TRL GRPOTrainer (dry run: CPU, no vllm)"
-    return [row(name, "ok", f"{n} timed steps, G={G}, <= {T} tokens per completion",
-                tokens / secs, G * n / secs, mem.mark(), step_s=secs / max(n, 1), model_path=path)]
+    name = ("TRL GRPOTrainer use_vllm (colocate)" if use_vllm else "TRL GRPOTrainer (transformers generate, no vllm)"
+            if gpu else "TRL GRPOTrainer (dry run: CPU, no vllm)")
+    return [row(name, "ok", f"{n} timed steps, {B} completions per step (G={G}), <= {T} tokens per completion",
+                tokens / secs, B * n / secs, mem.mark(), step_s=secs / max(n, 1), model_path=path)]
 
 
 RUNNERS: dict[str, Callable[[argparse.Namespace, GpuMemory], list[dict[str, Any]]]] = {
     "train": check_train, "engines": check_engines, "fsdp": check_fsdp, "async": check_async, "trl": check_trl}
 #: the rows a check gives when it fails as a whole (no row of its own)
 PATHS = {"train": "train", "engines": "engines", "fsdp": "fsdp2", "async": "async rollout workers",
-         "trl": "TRL GRPOTrainer use_vllm"}
+         "trl": "TRL GRPOTrainer"}
 
 
 # --------------------------------------------------------------------------- the runner
