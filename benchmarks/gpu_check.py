@@ -28,7 +28,7 @@ only:
 
 The table has, per path: status (``ok`` / ``skip`` / ``fail``, with the reason), tokens/s
 (generated tokens over the wall time of the timed steps or generations; the first
-training step is a warm-up and not timed), samples/s (episodes or completions per second),
+``--warmup`` training steps warm up and are not timed), samples/s (episodes or completions per second),
 and the peak GPU memory in GiB: the highest device-wide use (all visible GPUs, every
 process, vLLM's included) sampled during the check, read through NVML (``nvidia-ml-py``,
 a vLLM dependency) or else ``torch.cuda.mem_get_info``. ``gpu_check.md`` and
@@ -230,20 +230,28 @@ def _train_config(algo: str, args: argparse.Namespace, **extra: Any) -> Any:
     return spec.trainer_cls(spec.config_cls(**{k: v for k, v in kwargs.items() if k in fields}))
 
 
-def _time_steps(trainer: Any, steps: int) -> dict[str, float]:
-    """Run ``steps`` training steps; tokens/s and samples/s over the steps after the first (warm-up)."""
-    timed = []
+def _timed(items: list[Any], warmup: int) -> list[Any]:
+    """The items after the first ``warmup`` (the last one when there are no more)."""
+    return items[warmup:] or items[-1:]
+
+
+def _time_steps(trainer: Any, steps: int, warmup: int = 1) -> dict[str, float]:
+    """Run ``steps`` training steps; tokens/s, samples/s and the phases' seconds over the
+    steps after the first ``warmup`` (a process's first steps load CUDA kernels)."""
+    done = []
     for i in range(steps):
         m = trainer.train_step()
         bad = sorted(k for k, v in m.items() if "loss" in k and isinstance(v, float) and not math.isfinite(v))
         if bad:
             raise RuntimeError(f"step {i}: non-finite {', '.join(bad[:3])}")
-        if i > 0 or steps == 1:
-            timed.append(m)
+        done.append(m)
+    timed = _timed(done, warmup)
     secs = sum(m["perf/step_s"] for m in timed)
     tokens = sum(m.get("rollout/tokens", 0.0) for m in timed)
     episodes = sum(m.get("rollout/episodes", float(trainer.config.num_envs)) for m in timed)
-    return {"tokens_s": tokens / secs, "samples_s": episodes / secs, "step_s": secs / len(timed), "timed_steps": len(timed)}
+    phases = {f"{k[5:]}": sum(m.get(k, 0.0) for m in timed) / len(timed) for k in ("perf/generate_s", "perf/update_s")}
+    return {"tokens_s": tokens / secs, "samples_s": episodes / secs, "step_s": secs / len(timed), "timed_steps": len(timed),
+            **phases}
 
 
 def check_train(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
@@ -254,8 +262,9 @@ def check_train(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]
         name = f"train {algo} {dtype}"
         try:
             mem.mark()
-            res = _time_steps(_train_config(algo, args), args.steps)
-            rows.append(row(name, "ok", f"{res['timed_steps']} timed steps, {res['step_s']:.2f} s/step",
+            res = _time_steps(_train_config(algo, args), args.steps, args.warmup)
+            rows.append(row(name, "ok", f"{res['timed_steps']} timed steps, {res['step_s']:.2f} s/step "
+                            f"(generate {res['generate_s']:.2f}, update {res['update_s']:.2f})",
                             res.pop("tokens_s"), res.pop("samples_s"), mem.mark(), **res))
         except Exception as e:  # noqa: BLE001 - one algorithm failing leaves the other's row
             rows.append(row(name, "fail", _why(e), peak_gpu_gib=mem.mark()))
@@ -380,7 +389,7 @@ def check_fsdp(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]
     if proc.returncode != 0:
         return [row(name, "fail", f"torchrun exit {proc.returncode}: {_last_line(proc.stderr + proc.stdout)}", peak_gpu_gib=peak)]
     steps = [m for m in _jsonl(out / "metrics.jsonl") if "perf/step_s" in m]
-    timed = steps[1:] or steps
+    timed = _timed(steps, args.warmup)
     if not timed:
         return [row(name, "fail", f"no step metrics in {out / 'metrics.jsonl'}", peak_gpu_gib=peak)]
     secs = sum(m["perf/step_s"] for m in timed)
@@ -396,7 +405,7 @@ def check_async(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]
     where = "cpu" if args.cpu_dry_run else "cuda:1"
     trainer = _train_config("grpo", args, rollout_workers=1, max_staleness=1, rollout_device=where)
     try:
-        res = _time_steps(trainer, args.steps)
+        res = _time_steps(trainer, args.steps, args.warmup)
     finally:
         close = getattr(trainer, "close", None)
         if callable(close):
@@ -466,7 +475,7 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
     trl = TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok, peft_config=lora,
                      callbacks=[Clock()])
     trl.train()
-    first = 1 if len(step_s) > 1 else 0  # the first step is a warm-up
+    first = min(args.warmup, len(step_s) - 1)  # warm-up steps
     secs = sum(step_s[first:])
     tokens = B * sum(lengths[first:]) if len(lengths) == len(step_s) else float("nan")
     n = len(step_s) - first
@@ -579,7 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="alias, Hub id or local folder (default smollm2-135m; tiny-random with --cpu-dry-run)")
     p.add_argument("--checks", type=_checks, default=list(CHECKS), help=f"comma-separated, from {','.join(CHECKS)} (default all)")
-    p.add_argument("--steps", type=int, default=3, help="training steps per training check (the first is an untimed warm-up)")
+    p.add_argument("--steps", type=int, default=5, help="training steps per training check, --warmup of them untimed")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed first steps of each training check (an H200 took ~3 steps to warm up); the last step is timed regardless")
     p.add_argument("--num-envs", type=int, default=8, help="episodes per training step")
     p.add_argument("--group-size", type=int, default=4, help="GRPO group size (marft and TRL)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="per agent action (engines: per request)")
@@ -606,6 +617,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("steps", "num_envs", "group_size", "max_new_tokens", "batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
     if args.num_envs % args.group_size:
         p.error(f"--num-envs ({args.num_envs}) must be a multiple of --group-size ({args.group_size})")
     if not 0 < args.gpu_memory_utilization < 1:

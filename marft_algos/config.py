@@ -50,6 +50,7 @@ __all__ = [
     "BranchingConfig",
     "ConfigError",
     "DEFAULT_MICRO_BATCH_TOKENS",
+    "DEFAULT_MICRO_BATCH_TOKENS_GPU",
     "CriticConfig",
     "DistributedConfig",
     "PPOLossConfig",
@@ -57,6 +58,7 @@ __all__ = [
     "TrainConfig",
     "check_at_least",
     "check_normalization",
+    "default_micro_batch_tokens",
     "nested_fields",
     "with_default",
     "config_from_dict",
@@ -143,9 +145,29 @@ def _put(data: dict[str, Any], path: str, value: Any) -> None:
     data[head] = node
 
 
-#: padded tokens of one training forward when micro_batch_tokens is left at -1: SmolLM2-135M's
-#: activations and [tokens, vocab] logits of one piece stay near 1.5 GB (issue 28 item 24)
-DEFAULT_MICRO_BATCH_TOKENS = 1024
+#: padded tokens of one training forward when micro_batch_tokens is left at -1 on a CPU: a
+#: default step of each algorithm on SmolLM2-135M's duo then peaks under 4 GB (issue 28 item 24)
+DEFAULT_MICRO_BATCH_TOKENS = 512
+#: the same on a GPU, where a piece costs a launch-bound forward and backward whatever its size
+#: (an H200 took 4.3-4.9 s for GRPO's update of 32 episodes in 512-token pieces, 0.33-0.39 s
+#: in one forward): the cap only stops a large batch from running out of device memory
+DEFAULT_MICRO_BATCH_TOKENS_GPU = 16384
+
+
+def default_micro_batch_tokens(device: str, strategy: str = "none") -> int:
+    """What ``micro_batch_tokens=-1`` means: 0 (no cap) under FSDP, else the device kind's cap."""
+    if strategy == "fsdp":
+        return 0
+    return DEFAULT_MICRO_BATCH_TOKENS_GPU if _on_accelerator(device) else DEFAULT_MICRO_BATCH_TOKENS
+
+
+def _on_accelerator(device: str) -> bool:
+    """Whether ``device`` (as TrainConfig spells it) trains on something other than the CPU."""
+    if device != "auto":
+        return device.split(":")[0] != "cpu"
+    import torch  # deferred: config stays torch-free unless "auto" must be resolved
+
+    return torch.cuda.is_available()  # how the policy resolves "auto" (models/policy.py)
 
 _DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
 
@@ -266,7 +288,7 @@ class TrainConfig:
     rollout_device: str = field(default="", metadata={"help": "With rollout_workers > 0: the device the workers generate on ('cpu', 'cuda:1', ...); '' = the trainer's `device`."})
     rollout_timeout_s: float = field(default=1800.0, metadata={"help": "With rollout_workers > 0: seconds the trainer waits for a worker to start or to deliver a batch before the run stops with an error (never a hang)."})
     rollout_restarts: int = field(default=0, metadata={"help": "With rollout_workers > 0: how many times a worker that died is restarted (its batches are generated again) before the run stops with an error."})
-    micro_batch_tokens: int = field(default=-1, metadata={"help": f"Cap on the padded tokens (rows x longest prompt+response) of one training forward: a minibatch above it runs in pieces whose gradients add up before its one optimizer step (gradient accumulation; memory stops growing with the minibatch). 0 = no cap; -1 (the default) = {DEFAULT_MICRO_BATCH_TOKENS}, or 0 under distributed.strategy='fsdp' (which runs no micro-batches)."})
+    micro_batch_tokens: int = field(default=-1, metadata={"help": f"Cap on the padded tokens (rows x longest prompt+response) of one training forward: a minibatch above it runs in pieces whose gradients add up before its one optimizer step (gradient accumulation; memory stops growing with the minibatch). 0 = no cap; -1 (the default) = {DEFAULT_MICRO_BATCH_TOKENS} on a CPU, {DEFAULT_MICRO_BATCH_TOKENS_GPU} on a GPU, 0 under distributed.strategy='fsdp' (which runs no micro-batches)."})
     # --- logging / checkpoints ---------------------------------------------------
     out_dir: str | None = field(default=None, metadata={"help": "Run directory (metrics, transcripts, checkpoints, plot)."})
     log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
@@ -328,7 +350,7 @@ class TrainConfig:
                    + ("; to keep an agent fixed, list it in frozen_agents" if lr == 0 else ""))
         _check(self.lr_scheduler in ("constant", "linear"), f"lr_scheduler must be 'constant' or 'linear', got {self.lr_scheduler!r}")
         if self.micro_batch_tokens == -1:  # the default bounds a step's memory (issue 28 item 24)
-            self.micro_batch_tokens = 0 if self.distributed.strategy == "fsdp" else DEFAULT_MICRO_BATCH_TOKENS
+            self.micro_batch_tokens = default_micro_batch_tokens(self.device, self.distributed.strategy)
         check_at_least(self, {
             "warmup_steps": 0, "ppo_epochs": 1, "num_minibatches": 1, "max_context": (8, " tokens"), "lora_r": 1,
             "micro_batch_tokens": (0, " (0 = no cap)"), "collect_threads": (0, " (0 = the phase's default)"), "update_threads": (0, " (0 = the phase's default)"),

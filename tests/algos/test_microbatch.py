@@ -91,6 +91,6 @@ def test_micro_batches_give_the_whole_minibatch_step(setup):
 
 def test_micro_batch_tokens_is_checked():
     with pytest.raises(ConfigError, match="micro_batch_tokens"):
-        tiny_echo.echo_config(GRPOConfig, micro_batch_tokens=-2)  # -1 is the default (1024)
+        tiny_echo.echo_config(GRPOConfig, micro_batch_tokens=-2)  # -1 is the default (a cap per device kind)
     with pytest.raises(ConfigError, match="micro-batches"):
         tiny_echo.echo_config(GRPOConfig, micro_batch_tokens=64, distributed={"strategy": "fsdp"}, mode="full")

@@ -19,7 +19,7 @@ from tests.helpers.bench import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 # a hung child fails its row (--timeout) before pytest's own 600 s limit ends the test
-SMALL = ["--steps", "2", "--num-envs", "2", "--group-size", "2", "--max-new-tokens", "4", "--batch", "4", "--timeout", "500"]
+SMALL = ["--steps", "2", "--warmup", "1", "--num-envs", "2", "--group-size", "2", "--max-new-tokens", "4", "--batch", "4", "--timeout", "500"]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour (a GPU machine runs the real checks)")
 
 
@@ -111,11 +111,18 @@ def test_arguments_and_their_defaults(gc: ModuleType) -> None:
     (["--steps", "0"], "--steps must be >= 1"),
     (["--num-envs", "6", "--group-size", "4"], "must be a multiple of --group-size"),
     (["--gpu-memory-utilization", "1.5"], "must be in (0, 1)"),
+    (["--warmup", "-1"], "--warmup must be >= 0"),
 ])
 def test_bad_arguments_say_what_to_give(gc: ModuleType, argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         gc.parse_args(argv)
     assert says in capsys.readouterr().err
+
+
+def test_warm_up_steps_are_left_out_of_the_timing_but_the_last_step_always_counts(gc: ModuleType) -> None:
+    assert gc.parse_args([]).warmup == 2 and gc.parse_args([]).steps == 5
+    assert gc._timed([1, 2, 3, 4, 5], 2) == [3, 4, 5]
+    assert gc._timed([1, 2], 2) == [2] and gc._timed([1], 0) == [1]
 
 
 def test_the_error_line_of_a_failed_child_is_the_reason(gc: ModuleType) -> None:
@@ -146,7 +153,7 @@ def test_cpu_dry_run_exercises_training_and_the_hf_engine(gc: ModuleType, tmp_pa
         r = rows[path]
         assert r["status"] == "ok" and r["tokens_s"] > 0 and r["samples_s"] > 0, r
         assert r["peak_gpu_gib"] is None  # no GPU: not measured, not 0
-    assert rows["train grpo fp32"]["timed_steps"] == 1  # the first step is an untimed warm-up
+    assert rows["train grpo fp32"]["timed_steps"] == 1  # --warmup 1: the first step is untimed
     assert 0.0 <= rows["engine hf"]["roles_swapped_agreement"] <= 1.0  # the control the vllm verdict reads
     assert rows["engine vllm (per-role LoRA)"]["status"] == "skip"
     assert "needs CUDA" in rows["engine vllm (per-role LoRA)"]["reason"]
