@@ -52,6 +52,7 @@ def measure(algo: str, args: argparse.Namespace) -> dict[str, float | str]:
         "algo": algo,
         "peak_rss_mb": round(metrics["perf/peak_rss_mb"]),
         "step_s": round(step_s, 1),
+        "update_s": round(metrics.get("perf/update_s", float("nan")), 1),  # micro-batches cost here only
         "threads": torch.get_num_threads(),
         "micro_batch_tokens": getattr(config, "micro_batch_tokens", ""),
     }
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(rows[-1], file=sys.stderr, flush=True)  # progress: a cut-off run keeps what it measured
     print(f"{args.env} on {args.model}, one step, overrides {set_values(args.set)}\n")
-    print(markdown_table(rows, ["algo", "peak_rss_mb", "step_s", "threads", "micro_batch_tokens"]))
+    print(markdown_table(rows, ["algo", "peak_rss_mb", "step_s", "update_s", "threads", "micro_batch_tokens"]))
     return 0
 
 
