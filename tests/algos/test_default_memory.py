@@ -6,7 +6,11 @@ import torch
 
 from marft_algos.algos.grpo import GRPOConfig
 from marft_algos.algos.marft_token import MARFTTokenConfig
-from marft_algos.config import DEFAULT_MICRO_BATCH_TOKENS, DEFAULT_MICRO_BATCH_TOKENS_GPU, default_micro_batch_tokens
+from marft_algos.config import (
+    DEFAULT_MICRO_BATCH_TOKENS,
+    DEFAULT_MICRO_BATCH_TOKENS_GPU,
+    default_micro_batch_tokens,
+)
 
 
 def test_default_caps_a_training_forward():
