@@ -25,7 +25,7 @@ def make_trainer(algo: str, **kw: Any) -> Any:
     ``mode="full"`` builds the policy for full fine-tuning."""
     import importlib
 
-    from helpers.tiny_echo import ENV_KWARGS, SAMPLING, letter_policy
+    from helpers.tiny_echo import ENV_KWARGS, MICRO_BATCH_TOKENS, SAMPLING, letter_policy
 
     mod, cfg_name, tr_name = ALGOS[algo]
     m = importlib.import_module(mod)
@@ -39,6 +39,8 @@ def make_trainer(algo: str, **kw: Any) -> Any:
     if algo == "ippo-turn":  # MARS turn-level advantages, normalised per agent over every rank's batch
         base.update(advantage_estimator="turn", normalize_advantages="agent")
     base.update(kw)
+    if base["distributed"].get("strategy") != "fsdp":  # FSDP runs no micro-batches
+        base.setdefault("micro_batch_tokens", MICRO_BATCH_TOKENS)
     return getattr(m, tr_name)(getattr(m, cfg_name)(**base), policy=letter_policy(mode=base.get("mode", "lora")))
 
 
