@@ -235,7 +235,7 @@ def _timed(items: list[Any], warmup: int) -> list[Any]:
     return items[warmup:] or items[-1:]
 
 
-def _time_steps(trainer: Any, steps: int, warmup: int = 1) -> dict[str, float]:
+def _time_steps(trainer: Any, steps: int, warmup: int) -> dict[str, float]:
     """Run ``steps`` training steps; tokens/s, samples/s and the phases' seconds over the
     steps after the first ``warmup`` (a process's first steps load CUDA kernels)."""
     done = []
@@ -249,7 +249,7 @@ def _time_steps(trainer: Any, steps: int, warmup: int = 1) -> dict[str, float]:
     secs = sum(m["perf/step_s"] for m in timed)
     tokens = sum(m.get("rollout/tokens", 0.0) for m in timed)
     episodes = sum(m.get("rollout/episodes", float(trainer.config.num_envs)) for m in timed)
-    phases = {f"{k[5:]}": sum(m.get(k, 0.0) for m in timed) / len(timed) for k in ("perf/generate_s", "perf/update_s")}
+    phases = {k.removeprefix("perf/"): sum(m.get(k, 0.0) for m in timed) / len(timed) for k in ("perf/generate_s", "perf/update_s")}
     return {"tokens_s": tokens / secs, "samples_s": episodes / secs, "step_s": secs / len(timed), "timed_steps": len(timed),
             **phases}
 
@@ -427,7 +427,7 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
     from marft_algos.models.loading import ensure_cached
 
     G, T = args.group_size, 2 * args.max_new_tokens  # the duo's token budget per sample, in one completion
-    B = -(-args.num_envs // G) * G  # completions per step: marft's episodes per step, in whole groups
+    B = args.num_envs  # completions per step: marft's episodes per step (parse_args: whole groups)
     dataset, task = _arith_dataset(B // G * (args.steps + 1))
 
     def reward(completions: list[Any], pidx: list[int], **_: Any) -> list[float]:
@@ -475,12 +475,16 @@ def check_trl(args: argparse.Namespace, mem: GpuMemory) -> list[dict[str, Any]]:
     trl = TRLTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok, peft_config=lora,
                      callbacks=[Clock()])
     trl.train()
-    first = min(args.warmup, len(step_s) - 1)  # warm-up steps
+    first = len(step_s) - len(_timed(step_s, args.warmup))  # warm-up steps, by the training checks' rule
     secs = sum(step_s[first:])
     tokens = B * sum(lengths[first:]) if len(lengths) == len(step_s) else float("nan")
     n = len(step_s) - first
-    name = ("TRL GRPOTrainer use_vllm (colocate)" if use_vllm else "TRL GRPOTrainer (transformers generate, no vllm)"
-            if gpu else "TRL GRPOTrainer (dry run: CPU, no vllm)")
+    if use_vllm:
+        name = "TRL GRPOTrainer use_vllm (colocate)"
+    elif gpu:
+        name = "TRL GRPOTrainer (transformers generate, no vllm)"
+    else:
+        name = "TRL GRPOTrainer (dry run: CPU, no vllm)"
     return [row(name, "ok", f"{n} timed steps, {B} completions per step (G={G}), <= {T} tokens per completion",
                 tokens / secs, B * n / secs, mem.mark(), step_s=secs / max(n, 1), model_path=path)]
 

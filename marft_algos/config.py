@@ -169,6 +169,7 @@ def _on_accelerator(device: str) -> bool:
 
     return torch.cuda.is_available()  # how the policy resolves "auto" (models/policy.py)
 
+
 _DTYPE_NAMES = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float"})
 
 #: sampling settings of ``sampling_overrides`` and their types (checked at config time,
