@@ -13,7 +13,8 @@ its version and the worker's busy / idle seconds.
 
 Messages to the trainer (its own result queue): ``("ready", pid)``, ``("batch", epoch,
 index, version, batch, busy_s, idle_s)``, ``("error", traceback)``. It exits on ``None``
-from its task queue, on Ctrl-C, and when the trainer's process is gone.
+from its task queue, on Ctrl-C, and when the trainer's process is gone (a watchdog thread
+notices within half a second, mid-batch included).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import pickle
 import queue
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -36,9 +38,10 @@ from marft_algos.rollout import RolloutCollector
 from marft_algos.seeding import set_rng_state
 from marft_algos.threads import threads_for
 
-__all__ = ["Task", "worker_main"]
+__all__ = ["Task", "watch_parent", "worker_main"]
 
 _POLL_S = 0.02  # waiting for weights / tasks: short sleeps, the parent checked between them
+_WATCH_S = 0.5  # the watchdog's period: how long an orphan outlives its trainer, mid-batch included
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,25 @@ class Task:
 
 def _parent_alive(ppid: int) -> bool:
     return os.getppid() == ppid
+
+
+def watch_parent(ppid: int, leave: Any, period_s: float = _WATCH_S) -> threading.Thread:
+    """Call ``leave()`` once the process ``ppid`` is no longer this one's parent.
+
+    The task loop checks the parent between batches only, so a worker whose trainer was
+    killed (SIGKILL, OOM) played its whole current batch first: minutes with a real model.
+    A daemon thread polls instead. Not ``PR_SET_PDEATHSIG``: Linux-only, and it fires when
+    the spawning *thread* ends, not the process.
+    """
+
+    def watch() -> None:
+        while _parent_alive(ppid):
+            time.sleep(period_s)
+        leave()
+
+    thread = threading.Thread(target=watch, name="marft-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
 
 
 def _leave(results: Any) -> None:
@@ -92,6 +114,7 @@ def worker_main(
             cfg.branch_collector(collector)  # trees, as the trainer's own collector plays them (branching > 1)
         params = synced_parameters(policy, roles)
         set_rng_state(rng)  # after the policy's own initialisation drew from it
+        watch_parent(ppid, lambda: _leave(results))
         results.put(("ready", os.getpid()))
         have = (-1, -1)
         busy = idle = 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -368,3 +369,46 @@ def test_throughput_async_section_with_trl(tmp_path):
     assert tp.main(["--model", "tiny-random", "--sections", "async", "--reps", "1", "--group-size", "2",
                     "--gen-tokens", "2", "--async-block", "2", "--out", str(out)]) == 0
     _check_async_section(tp, out, ["TRL GRPOTrainer solo", "marft GRPO duo 1 worker + trainer", "marft GRPO duo sync 1 thread", "marft GRPO duo sync"])
+
+
+def _gone(pid: int) -> bool:
+    """Exited (or a zombie its new parent has not reaped yet)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_whose_trainer_is_killed_leaves_mid_batch():
+    """SIGKILL the trainer while its worker is busy (here: asleep for 2 minutes, a long batch):
+    the worker's watchdog thread ends it within about a second, not after the batch."""
+    import subprocess
+
+    child = (
+        "import os, time\n"
+        "from marft_algos.async_rollout.worker import watch_parent\n"
+        "watch_parent(os.getppid(), lambda: os._exit(0), period_s=0.1)\n"
+        "print(os.getpid(), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    trainer = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
+        "print(p.stdout.readline().strip(), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", trainer], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        assert not _gone(worker)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30  # generous for a loaded machine: the sleep is 120 s
+        while not _gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(worker), "the orphaned worker kept running"
+    finally:
+        parent.kill()
