@@ -40,7 +40,7 @@ from marft_algos.threads import threads_for
 
 __all__ = ["Task", "watch_parent", "worker_main"]
 
-_POLL_S = 0.02  # waiting for weights / tasks: short sleeps, the parent checked between them
+_POLL_S = 0.02  # waiting for weights: short sleeps
 _WATCH_S = 0.5  # the watchdog's period: how long an orphan outlives its trainer, mid-batch included
 
 
@@ -122,10 +122,8 @@ def worker_main(
             t0 = time.perf_counter()
             try:
                 task = tasks.get(timeout=0.5)
-            except queue.Empty:
+            except queue.Empty:  # a trainer that is gone: the watchdog ends this process
                 idle += time.perf_counter() - t0
-                if not _parent_alive(ppid):
-                    return _leave(results)
                 continue
             if task is None:
                 return _leave(results)
@@ -133,8 +131,6 @@ def worker_main(
                 epoch, version = shared.stamp()
                 if epoch > task.epoch or (epoch == task.epoch and version >= task.min_version):
                     break
-                if not _parent_alive(ppid):
-                    return _leave(results)
                 time.sleep(_POLL_S)
             idle += time.perf_counter() - t0
             if epoch > task.epoch:
