@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
-from benchmarks import gpu_check as gc  # noqa: E402
+from benchmarks import gpu_check  # noqa: E402
 
 __all__ = ["main"]
 
@@ -38,13 +38,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     for cap in (int(c) for c in args.caps.split(",")):
         ns = argparse.Namespace(model=args.model, num_envs=args.num_envs, steps=args.steps, max_new_tokens=args.max_new_tokens,
                                 group_size=args.group_size, cpu_dry_run=args.device == "cpu")
-        trainer = gc._train_config("grpo", ns, micro_batch_tokens=cap)
+        trainer = gpu_check._train_config("grpo", ns, micro_batch_tokens=cap)
         for i in range(args.steps):
             m = trainer.train_step()
             rows.append({"micro_batch_tokens": cap, "step": i, **{k: round(m[k], 3) for k in ("perf/update_s", "perf/generate_s", "perf/step_s")}})
             print(rows[-1], flush=True)
         del trainer
-        gc._free()
+        gpu_check._free()
     return rows
 
 
