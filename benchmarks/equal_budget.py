@@ -361,6 +361,10 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
     spec, config = _config(system, seed, args, run_dir, out)
     trainer = spec.trainer_cls(config)
     prog = _resume(trainer, run_dir)
+    if system.warm and prog["step"] == 0 and "init_eval" not in prog:  # after SFT, before RL: splits warm - cold into what SFT and RL each did
+        prog["init_eval"] = _init_eval(trainer.policy, env_id, args)
+        if args.curve_every_tokens:
+            prog["heldout_curve"].insert(0, {"tokens": 0, **prog["init_eval"]["curve_point"]})
     full = config.num_envs // trainer.algorithm.group_size
     while prog["tokens"] < args.token_budget and trainer.global_step < args.max_steps:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -391,7 +395,17 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         ev = rec["eval"] if args.curve_eval_n >= args.eval_n else _heldout(trainer.policy, env_id, args, n=args.curve_eval_n)
         prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
     rec["heldout_curve"] = prog["heldout_curve"]
+    if "init_eval" in prog:
+        rec["init_eval"] = prog["init_eval"]
     return rec
+
+
+def _init_eval(policy: Any, env_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A warm job's held-out accuracy on its SFT adapters (the RL run's step 0): the full set, and the curve's first point."""
+    ev = _heldout(policy, env_id, args)
+    point = ev if not args.curve_every_tokens or args.curve_eval_n >= args.eval_n else _heldout(policy, env_id, args, n=args.curve_eval_n)
+    return {"accuracy": ev["accuracy"], "n": ev["n"], "correct_per_problem": ev["correct_per_problem"],
+            "curve_point": {"accuracy": point["accuracy"], "n": point["n"]}}
 
 
 def _majority(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -635,6 +649,30 @@ def _diffs(runs: dict[str, list[dict[str, Any]]], reps: int, per_problem: Any = 
     return rows
 
 
+def _warm_starts(runs: dict[str, list[dict[str, Any]]], reps: int) -> list[dict[str, Any]]:
+    """Per warm system: held-out accuracy on its SFT adapters and after RL, and the paired RL - SFT difference."""
+    rows = []
+    for s in SYSTEMS:
+        recs = [r for r in runs.get(s.name, []) if s.warm and "init_eval" in r]
+        if not recs:
+            continue
+        sft = np.array([r["init_eval"]["correct_per_problem"] for r in recs])
+        rl = np.array([r["correct_per_problem"] for r in recs])
+        row = {"system": s.name, "seeds": ",".join(str(r["seed"]) for r in recs), "after_sft": float(sft.mean()), "after_sft_rl": float(rl.mean()),
+               "rl_minus_sft": _interval(paired_bootstrap(rl, sft, reps=reps))}
+        untrained = runs.get(f"untrained-{s.env}") or []
+        if untrained:
+            row["sft_minus_untrained"] = _interval(paired_bootstrap(sft, np.array([r["correct_per_problem"] for r in untrained]), reps=reps))
+        rows.append(row)
+    return rows
+
+
+def _interval(d: dict[str, float]) -> str:
+    """``+0.020 [-0.030, +0.080]``, starred when the interval excludes 0."""
+    star = " *" if d["ci_low"] > 0 or d["ci_high"] < 0 else ""
+    return f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]{star}"
+
+
 def _stability(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     rows = []
     for s in SYSTEMS:
@@ -763,6 +801,10 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
         text += (f"\n## Sample efficiency: generated training tokens until held-out accuracy (first {args.curve_eval_n} test problems, "
                  f"greedy, every {args.curve_every_tokens} tokens) first reaches the target\n\n"
                  + markdown_table(efficiency, ["system", "target", "seeds", "tokens_to_target", "median", "reached", "final_curve_accuracy"]) + "\n")
+    warm = _warm_starts(runs, args.bootstrap)
+    if warm:
+        text += ("\n## Warm starts: held-out accuracy on the SFT adapters (before RL) and after RL; paired differences with their 95% bootstrap intervals (* : the interval excludes 0)\n\n"
+                 + markdown_table(warm, ["system", "seeds", "after_sft", "sft_minus_untrained", "after_sft_rl", "rl_minus_sft"]) + "\n")
     score_diffs = _diffs(runs, args.bootstrap, _scores) if _graded_beyond_correctness(runs) else []
     if score_diffs:  # e.g. RAG, where exact match is near 0 and answer F1 carries the signal
         means = [{"system": s.name, "mean_score": float(np.mean([np.mean(_scores(r)) for r in runs[s.name]]))} for s in SYSTEMS if runs[s.name]]
@@ -770,7 +812,7 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
                  + markdown_table(means, ["system", "mean_score"]) + "\n\n" + markdown_table(score_diffs, DIFF_COLUMNS) + "\n")
     (out / "equal_budget.md").write_text(text)
     write_csv(out / "equal_budget.csv", rows, TABLE_COLUMNS)
-    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents, "efficiency": efficiency,
+    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents, "efficiency": efficiency, "warm_starts": warm,
                                            "versions": meta, "settings": {k: v for k, v in vars(args).items() if k != "job"}})
     _plot(out, runs)
     return text

@@ -537,12 +537,19 @@ def test_equal_budget_warm_system_starts_rl_from_its_sft_run(eb: ModuleType, tmp
     out = tmp_path / "eb"
     argv = ["--model", "tiny-random", "--token-budget", "8", "--eval-n", "2", "--seeds", "0", "--jobs", "0", "--set", "num_envs=2",
             "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-grpo-warm",
-            "--sft-set", "num_demos=2", "--sft-set", "epochs=1", "--out", str(out)]
+            "--sft-set", "num_demos=2", "--sft-set", "epochs=1", "--curve-every-tokens", "4", "--curve-eval-n", "1", "--out", str(out)]
     assert eb.main(argv) == 0
     sft = out / "rundirs" / "duo-grpo-warm" / "seed0" / "sft"
     assert (sft / "SFT_DONE").exists() and json.loads((sft / "sft.json").read_text())
     rec = json.loads((out / "runs" / "duo-grpo-warm" / "seed0.json").read_text())
     assert rec["steps"] >= 1 and rec["config"]["init_from"] == str(sft)
+    # the SFT adapters are scored before RL on the same problems, so warm - cold splits into what SFT and RL each did
+    assert len(rec["init_eval"]["correct_per_problem"]) == len(rec["correct_per_problem"]) == 2
+    report = json.loads((out / "equal_budget.json").read_text())
+    (row,) = report["warm_starts"]
+    assert row["system"] == "duo-grpo-warm" and row["after_sft"] == rec["init_eval"]["accuracy"]
+    assert row["after_sft_rl"] == rec["accuracy"] and row["rl_minus_sft"].startswith(f"{rec['accuracy'] - rec['init_eval']['accuracy']:+.3f} [")
+    assert rec["heldout_curve"][0] == {"tokens": 0, "accuracy": rec["init_eval"]["curve_point"]["accuracy"], "n": 1}
 
 
 def test_equal_budget_fits_the_last_step_to_the_budget(eb: ModuleType) -> None:
