@@ -392,7 +392,7 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         config={k: v for k, v in config.to_dict().items() if k in CONFIG_KEPT})
     rec["eval"] = _heldout(trainer.policy, env_id, args)
     if args.curve_every_tokens:  # the final point, on the curve's own problem set
-        ev = rec["eval"] if args.curve_eval_n >= args.eval_n else _heldout(trainer.policy, env_id, args, n=args.curve_eval_n)
+        ev = _on_curve_set(trainer.policy, env_id, args, rec["eval"])
         prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
     rec["heldout_curve"] = prog["heldout_curve"]
     if "init_eval" in prog:
@@ -400,10 +400,15 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
     return rec
 
 
+def _on_curve_set(policy: Any, env_id: str, args: argparse.Namespace, full: dict[str, Any]) -> dict[str, Any]:
+    """The held-out result on the curve's problems: ``full`` (the --eval-n result) when it covers them, else a --curve-eval-n run."""
+    return full if args.curve_eval_n >= args.eval_n else _heldout(policy, env_id, args, n=args.curve_eval_n)
+
+
 def _init_eval(policy: Any, env_id: str, args: argparse.Namespace) -> dict[str, Any]:
     """A warm job's held-out accuracy on its SFT adapters (the RL run's step 0): the full set, and the curve's first point."""
     ev = _heldout(policy, env_id, args)
-    point = ev if not args.curve_every_tokens or args.curve_eval_n >= args.eval_n else _heldout(policy, env_id, args, n=args.curve_eval_n)
+    point = _on_curve_set(policy, env_id, args, ev) if args.curve_every_tokens else ev
     return {"accuracy": ev["accuracy"], "n": ev["n"], "correct_per_problem": ev["correct_per_problem"],
             "curve_point": {"accuracy": point["accuracy"], "n": point["n"]}}
 
@@ -644,8 +649,7 @@ def _diffs(runs: dict[str, list[dict[str, Any]]], reps: int, per_problem: Any = 
             rows.append({"a": a, "b": b, "significant": "not run"})
             continue
         d = paired_bootstrap(np.array([per_problem(r) for r in ra]), np.array([per_problem(r) for r in rb]), reps=reps)
-        sig = d["ci_low"] > 0 or d["ci_high"] < 0
-        rows.append({"a": a, "b": b, **d, "significant": "yes" if sig else "no", "seeds_a": len(ra), "seeds_b": len(rb)})
+        rows.append({"a": a, "b": b, **d, "significant": "yes" if _significant(d) else "no", "seeds_a": len(ra), "seeds_b": len(rb)})
     return rows
 
 
@@ -667,9 +671,14 @@ def _warm_starts(runs: dict[str, list[dict[str, Any]]], reps: int) -> list[dict[
     return rows
 
 
+def _significant(d: dict[str, float]) -> bool:
+    """A paired difference whose interval excludes 0."""
+    return d["ci_low"] > 0 or d["ci_high"] < 0
+
+
 def _interval(d: dict[str, float]) -> str:
     """``+0.020 [-0.030, +0.080]``, starred when the interval excludes 0."""
-    star = " *" if d["ci_low"] > 0 or d["ci_high"] < 0 else ""
+    star = " *" if _significant(d) else ""
     return f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]{star}"
 
 
