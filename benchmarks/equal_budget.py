@@ -86,6 +86,7 @@ class System:
 
 _AGENTWISE = (("normalize_advantages", "agent"),)
 _BRANCH = (("branching", 2),)
+_KL_TO_SFT = (("reference", "init"), ("beta", 0.04))
 SYSTEMS: list[System] = [
     System("untrained-solo", "solo"),
     System("untrained-duo", "duo"),
@@ -103,6 +104,8 @@ SYSTEMS: list[System] = [
     System("duo-marft-action-warm", "duo", "marft-action", tier=1, warm=True),
     System("duo-grpo-branch-warm", "duo", "grpo", _AGENTWISE + _BRANCH, tier=1, warm=True),
     System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True),
+    # the warm start held near its SFT policy: a KL penalty (beta 0.04, DeepSeekMath's GRPO value) to the SFT weights
+    System("duo-grpo-warm-kl", "duo", "grpo", _AGENTWISE + _KL_TO_SFT, tier=1, warm=True),
     System("malt-grpo", "malt", "grpo", _AGENTWISE, tier=2),
     System("rema-grpo", "rema", "grpo", _AGENTWISE, tier=2),
     # asynchronous rollout workers (issue 31): does learning suffer at staleness 1 and 2?
@@ -126,13 +129,15 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, "solo-grpo") for d in _BRANCHED[:2]],
     *[(d, "solo-grpo-warm") for d in ("duo-grpo-warm", "duo-marft-action-warm", *_BRANCHED[2:])],
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
-    *[(s.name, s.name.removesuffix("-warm")) for s in SYSTEMS if s.warm],
+    *[(s.name, s.name.removesuffix("-warm")) for s in SYSTEMS if s.warm and s.name.endswith("-warm")],
+    ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "duo-grpo"), ("duo-grpo-warm-kl", "solo-grpo"),
     *[(d, "solo-majk") for d in _BRANCHED],
     # issue 31: staleness k - staleness 0, and the asynchronous run at staleness 0 against the synchronous one
     ("duo-grpo-async-s1", "duo-grpo-async-s0"), ("duo-grpo-async-s2", "duo-grpo-async-s0"), ("duo-grpo-async-s0", "duo-grpo"),
 ]
 #: config fields a job's JSON keeps (what differs between systems)
-CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from", "rollout_workers", "max_staleness")
+CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from", "reference", "beta",
+               "rollout_workers", "max_staleness")
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
                  "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "status"]
 DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]

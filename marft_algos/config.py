@@ -260,6 +260,7 @@ class TrainConfig:
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu', 'cuda', 'cuda:1', ..."})
     dtype: str | None = field(default=None, metadata={"help": "Compute dtype: None (fp32 on CPU, bf16 autocast on GPU), 'bf16', 'fp16' or 'fp32'. Parameters stay fp32 (master weights); fp16 adds dynamic loss scaling (init_loss_scale)."})
     init_from: str | None = field(default=None, metadata={"help": "Start from the adapters (or full weights) of another run: a `marft sft` run dir (docs/sft.md), a run dir or a checkpoint dir; the model, mode and LoRA shape must match. None: fresh adapters."})
+    reference: str = field(default="base", metadata={"help": "The reference policy of the KL penalty (beta) and of agent/<a>/rollout_ref_kl: 'base' = the base model with the adapters off (mode='full': the initial weights); 'init' = the weights init_from loaded, frozen (after an SFT warm start the penalty then keeps RL near the SFT policy, as TRL and ReMA do; needs init_from)."})
     activation_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward pass instead of storing its activations: a training step's memory stops growing with tokens x layers (about one more forward of cost; training forwards then skip prefix sharing)."})
     release_freed_memory: bool = field(default=False, metadata={"help": "CPU/glibc: pin malloc's mmap and trim thresholds at 128 KiB so memory freed between the phases of a step goes back to the OS (lower peak RSS, slower steps; process-wide; see marft_algos.memory)."})
     max_context: int = field(default=2048, metadata={"help": "Max prompt+response tokens; longer prompts are counted (rollout/overlong) and not trained on."})
@@ -349,6 +350,9 @@ class TrainConfig:
         for agent, lr in self.lr_per_agent.items():
             _check(lr > 0 and math.isfinite(lr), f"lr_per_agent[{agent!r}] must be positive, got {lr}"
                    + ("; to keep an agent fixed, list it in frozen_agents" if lr == 0 else ""))
+        _check(self.reference in ("base", "init"), f"reference must be 'base' or 'init', got {self.reference!r}")
+        _check(self.reference == "base" or self.init_from is not None,
+               "reference='init' makes the weights init_from loaded the KL reference: set init_from (e.g. --init RUN) or use reference='base'")
         _check(self.lr_scheduler in ("constant", "linear"), f"lr_scheduler must be 'constant' or 'linear', got {self.lr_scheduler!r}")
         if self.micro_batch_tokens == -1:  # the default bounds a step's memory (issue 28 item 24)
             self.micro_batch_tokens = default_micro_batch_tokens(self.device, self.distributed.strategy)
@@ -490,7 +494,7 @@ class PPOLossConfig:
     loss_agg: str = field(default="token", metadata={"help": "Per-token losses: 'token' (mean over all real tokens of the minibatch) or 'sequence' (mean per action, then over actions); action-level MARFT has one ratio per action and ignores it."})
     importance_ratio: str = field(default="token", metadata={"help": "PPO ratio of the shared policy loss (GRPO, IPPO): 'token' (one per token), 'sequence' (one per transition: exp of its mean token log-ratio, GSPO) or 'turn' (ReMA: one per action, i.e. per agent and turn, over all its segments; = 'sequence' for single-segment actions). MARFT's losses have their own ratios and refuse other values."})
     ent_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (paper: 0.1 / 0.01 / 0 by task)."})
-    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
+    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (see reference: by default the base with adapters disabled; with mode='full' the frozen initial weights); 0 disables it."})
     kl_sample: int = field(default=16, metadata={"help": "Actions per agent and step on which two KL diagnostics are measured without gradient: agent/<a>/rollout_ref_kl, KL(rollout policy || reference) before the update (whatever beta is), and agent/<a>/update_kl, KL(rollout policy || updated policy) after it (what collapse recovery's kl_max watches); 0 = off."})
     tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance sampling (TIS) cap C, used when the engine keeps its own log-probs (engine_options logprob_source='engine') and on stale batches of asynchronous rollouts (max_staleness > 0, docs/async.md): the policy-gradient term is weighted by min(exp(trainer old log-prob - engine log-prob), C), per token (per action in action-level MARFT)."})
 

@@ -20,7 +20,8 @@ def make_policy(config: TrainConfig, agents: Sequence[str], *, init: bool = True
     """Build a ``TeamPolicy`` for ``agents`` from a config (model, mode, LoRA, device, dtype, engine).
 
     With ``config.init_from`` (and ``init``) its weights start from that run's
-    (:func:`load_init`): RL after an SFT warm start. A loader about to load a checkpoint of
+    (:func:`load_init`): RL after an SFT warm start; ``config.reference == "init"`` then
+    freezes those weights as the KL reference (:meth:`TeamPolicy.freeze_reference`). A loader about to load a checkpoint of
     its own passes ``init=False``."""
     # deferred: the models and engines load the model stack (transformers) when a policy is built
     from marft_algos.engines import get_engine
@@ -40,6 +41,8 @@ def make_policy(config: TrainConfig, agents: Sequence[str], *, init: bool = True
     policy = TeamPolicy(list(agents), **kwargs)
     if init and config.init_from:
         load_init(policy, config.init_from, config)
+        if config.reference == "init":
+            policy.freeze_reference()
     if config.engine != "hf" or config.engine_options:  # the policy starts on the built-in engine
         policy.engine = get_engine(config.engine)(policy, **config.engine_options)
     return policy

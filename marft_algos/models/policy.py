@@ -328,6 +328,8 @@ class TeamPolicy:
         self.seed = seed
         self.stats: Counter[str] = Counter()
         self._train_role: str | None = None
+        # (slot, role adapter) -> its frozen reference copy (freeze_reference); absent: the bare base
+        self._reference_adapter: dict[tuple[int, str], str] = {}
 
         # ---- load each distinct base once ------------------------------------------------
         spec_of = {r: (base.get(r, "smollm2-135m") if isinstance(base, Mapping) else base) for r in roles}
@@ -463,11 +465,16 @@ class TeamPolicy:
 
     def _setup_full(self, b: LoadedBase, keep_reference: bool) -> None:
         if keep_reference:
-            b.reference = copy.deepcopy(b.model).eval()
-            for p in b.reference.parameters():
-                p.requires_grad_(False)
+            self._copy_reference(b)
         for p in b.model.parameters():
             p.requires_grad_(True)
+
+    @staticmethod
+    def _copy_reference(b: LoadedBase) -> None:
+        """``b.reference`` = a frozen copy of ``b.model``'s current weights (full mode)."""
+        b.reference = copy.deepcopy(b.model).eval()
+        for p in b.reference.parameters():
+            p.requires_grad_(False)
 
     def add_adapter(self, role_or_slot: str | int, name: str, lora: LoraSettings | None = None) -> list[nn.Parameter]:
         """Add an extra adapter (e.g. the critic's) to a base; returns its (trainable) params.
@@ -492,6 +499,26 @@ class TeamPolicy:
                     p.requires_grad_(flags.get(id(p), True))
         return b.adapter_params[name]
 
+    def freeze_reference(self) -> None:
+        """Make the current weights the reference policy of ``reference=True`` scoring (the KL
+        penalty and its diagnostics), frozen from now on: after an SFT warm start, RL is then
+        held near the SFT policy, not the base. LoRA/shared: a frozen copy of each role adapter
+        (``__ref__<name>``, never trained or saved); full: a new frozen copy of each base."""
+        # deferred: peft loads on first use (heavy)
+        from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+
+        for b in self._bases:
+            if self.mode == "full":
+                self._copy_reference(b)
+                continue
+            for name in dict.fromkeys(self._adapter_of[r] for r in b.roles):
+                assert name is not None
+                ref = self._reference_adapter.setdefault((b.slot, name), f"__ref__{name}")
+                self.add_adapter(b.slot, ref)
+                set_peft_model_state_dict(b.model, get_peft_model_state_dict(b.model, adapter_name=name), adapter_name=ref)
+                for p in b.adapter_params[ref]:
+                    p.requires_grad_(False)
+
     # ------------------------------------------------------------------------------------
     # lookups
     # ------------------------------------------------------------------------------------
@@ -512,8 +539,9 @@ class TeamPolicy:
 
     def reference_model(self, role: str) -> nn.Module | None:
         """The frozen copy of the initial weights under ``role`` (mode ``"full"`` with
-        ``full_reference=True``), else None (lora/shared: the reference is the base with
-        adapters disabled)."""
+        ``full_reference=True``; after :meth:`freeze_reference`, of the weights then), else
+        None (lora/shared: the reference is the base with adapters disabled, or the frozen
+        adapter copy of :meth:`freeze_reference`)."""
         return self._base(role).reference
 
     def adapter_of(self, role: str) -> str | None:
@@ -713,7 +741,8 @@ class TeamPolicy:
         problem) runs once and the rows continue from its cache (``share_prefixes``):
         the same tokens in the same context, fewer of them to run and backpropagate.
         ``reference=True`` evaluates the reference policy: the base with adapters disabled
-        (lora/shared) or the frozen initial copy (full), always without grad.
+        (lora/shared) or the frozen initial copy (full), or the weights
+        :meth:`freeze_reference` froze; always without grad.
 
         Dropout (LoRA dropout, and any dropout of the base model) is off unless
         ``dropout=True``: the sampler runs without it, so a PPO ratio between these
@@ -745,7 +774,8 @@ class TeamPolicy:
                 model = b.reference
             else:
                 model = b.model
-                stack.enter_context(self.use_adapter(b, None, disabled=True))
+                frozen = self._reference_adapter.get((b.slot, self._adapter_of[role] or ""))
+                stack.enter_context(self.use_adapter(b, frozen, disabled=frozen is None))
                 stack.enter_context(train_mode(b.model, False))
         else:
             model = b.model

@@ -417,11 +417,12 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     core = ["solo-grpo", "duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo"]
     assert q[5:20] == [(s, k) for k in (0, 1, 2) for s in core]
     credit = [s.name for s in eb.SYSTEMS if s.tier == 1]
-    assert len(credit) == 7 and q[20:41] == [(s, k) for k in (0, 1, 2) for s in credit]
-    assert {s for s, _ in q[41:47]} == {"malt-grpo", "rema-grpo"}
-    assert q[47:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
+    assert len(credit) == 8 and q[20:44] == [(s, k) for k in (0, 1, 2) for s in credit]
+    assert {s for s, _ in q[44:50]} == {"malt-grpo", "rema-grpo"}
+    assert q[50:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
     # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
-    assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME)
+    assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME) and all(a != b for a, b in eb.COMPARISONS)
+    assert ("duo-grpo-warm-kl", "duo-grpo-warm") in eb.COMPARISONS
     assert ("duo-grpo-branch", "duo-grpo") in eb.COMPARISONS and ("duo-marft-action-branch-warm", "duo-marft-action-branch") in eb.COMPARISONS
     assert eb.grad_spikes([1.0, 1.0, 1.0, 3.5, float("nan")]) == 1 and eb.grad_spikes([0.0, 0.0]) == 0
 
@@ -532,22 +533,23 @@ def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleTy
 
 
 def test_equal_budget_warm_system_starts_rl_from_its_sft_run(eb: ModuleType, tmp_path: Path) -> None:
-    """A warm system runs `marft sft` on the env's scripted demos first and trains from those adapters (init_from);
-    a re-run reuses the finished SFT run."""
+    """A warm system runs `marft sft` on the env's scripted demos first and trains from those adapters (init_from),
+    here with a KL penalty to them (reference="init"); a re-run reuses the finished SFT run."""
     out = tmp_path / "eb"
     argv = ["--model", "tiny-random", "--token-budget", "8", "--eval-n", "2", "--seeds", "0", "--jobs", "0", "--set", "num_envs=2",
-            "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-grpo-warm",
+            "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-grpo-warm-kl",
             "--sft-set", "num_demos=2", "--sft-set", "epochs=1", "--curve-every-tokens", "4", "--curve-eval-n", "1", "--out", str(out)]
     assert eb.main(argv) == 0
-    sft = out / "rundirs" / "duo-grpo-warm" / "seed0" / "sft"
+    sft = out / "rundirs" / "duo-grpo-warm-kl" / "seed0" / "sft"
     assert (sft / "SFT_DONE").exists() and json.loads((sft / "sft.json").read_text())
-    rec = json.loads((out / "runs" / "duo-grpo-warm" / "seed0.json").read_text())
+    rec = json.loads((out / "runs" / "duo-grpo-warm-kl" / "seed0.json").read_text())
     assert rec["steps"] >= 1 and rec["config"]["init_from"] == str(sft)
+    assert (rec["config"]["reference"], rec["config"]["beta"]) == ("init", 0.04)
     # the SFT adapters are scored before RL on the same problems, so warm - cold splits into what SFT and RL each did
     assert len(rec["init_eval"]["correct_per_problem"]) == len(rec["correct_per_problem"]) == 2
     report = json.loads((out / "equal_budget.json").read_text())
     (row,) = report["warm_starts"]
-    assert row["system"] == "duo-grpo-warm" and row["after_sft"] == rec["init_eval"]["accuracy"]
+    assert row["system"] == "duo-grpo-warm-kl" and row["after_sft"] == rec["init_eval"]["accuracy"]
     assert row["after_sft_rl"] == rec["accuracy"] and row["rl_minus_sft"].startswith(f"{rec['accuracy'] - rec['init_eval']['accuracy']:+.3f} [")
     assert rec["heldout_curve"][0] == {"tokens": 0, "accuracy": rec["init_eval"]["curve_point"]["accuracy"], "n": 1}
 
