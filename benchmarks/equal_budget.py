@@ -60,7 +60,8 @@ class System:
     """One system of the comparison: ``env`` is "solo", "duo", "malt" or "rema" (the env flag that plays it).
 
     ``warm``: RL starts from per-role adapters that ``marft sft`` trained on the env's scripted
-    demonstrations (issue 30 section 2). ``tier``: queue order (0 the baselines of issue 18,
+    demonstrations (issue 30 section 2); ``cold`` names its cold twin, the same RL from fresh
+    adapters, which the report pairs it with (warm - cold). ``tier``: queue order (0 the baselines of issue 18,
     1 the credit-assignment systems of issue 30, 2 the MALT/ReMA extras, 3 the staleness check of
     issue 31: one rollout worker at ``max_staleness`` 0, 1, 2).
     """
@@ -72,6 +73,11 @@ class System:
     majority: bool = False
     tier: int = 0
     warm: bool = False
+    cold: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.warm and not self.cold:
+            raise ValueError(f"warm system {self.name!r} needs cold=<the same RL from fresh adapters> for its warm - cold difference")
 
     @property
     def trained(self) -> bool:
@@ -99,13 +105,13 @@ SYSTEMS: list[System] = [
     # credit assignment (issue 30): branching rollouts' counterfactual credit, and the SFT warm start
     System("duo-grpo-branch", "duo", "grpo", _AGENTWISE + _BRANCH, tier=1),
     System("duo-marft-action-branch", "duo", "marft-action", _BRANCH, tier=1),
-    System("solo-grpo-warm", "solo", "grpo", tier=1, warm=True),
-    System("duo-grpo-warm", "duo", "grpo", _AGENTWISE, tier=1, warm=True),
-    System("duo-marft-action-warm", "duo", "marft-action", tier=1, warm=True),
-    System("duo-grpo-branch-warm", "duo", "grpo", _AGENTWISE + _BRANCH, tier=1, warm=True),
-    System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True),
+    System("solo-grpo-warm", "solo", "grpo", tier=1, warm=True, cold="solo-grpo"),
+    System("duo-grpo-warm", "duo", "grpo", _AGENTWISE, tier=1, warm=True, cold="duo-grpo"),
+    System("duo-marft-action-warm", "duo", "marft-action", tier=1, warm=True, cold="duo-marft-action"),
+    System("duo-grpo-branch-warm", "duo", "grpo", _AGENTWISE + _BRANCH, tier=1, warm=True, cold="duo-grpo-branch"),
+    System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True, cold="duo-marft-action-branch"),
     # the warm start held near its SFT policy: a KL penalty (beta 0.04, DeepSeekMath's GRPO value) to the SFT weights
-    System("duo-grpo-warm-kl", "duo", "grpo", _AGENTWISE + _KL_TO_SFT, tier=1, warm=True),
+    System("duo-grpo-warm-kl", "duo", "grpo", _AGENTWISE + _KL_TO_SFT, tier=1, warm=True, cold="duo-grpo"),
     System("malt-grpo", "malt", "grpo", _AGENTWISE, tier=2),
     System("rema-grpo", "rema", "grpo", _AGENTWISE, tier=2),
     # asynchronous rollout workers (issue 31): does learning suffer at staleness 1 and 2?
@@ -129,8 +135,8 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, "solo-grpo") for d in _BRANCHED[:2]],
     *[(d, "solo-grpo-warm") for d in ("duo-grpo-warm", "duo-marft-action-warm", *_BRANCHED[2:])],
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
-    *[(s.name, s.name.removesuffix("-warm")) for s in SYSTEMS if s.warm and s.name.endswith("-warm")],
-    ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "duo-grpo"), ("duo-grpo-warm-kl", "solo-grpo"),
+    *[(s.name, s.cold) for s in SYSTEMS if s.cold],
+    ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"),
     *[(d, "solo-majk") for d in _BRANCHED],
     # issue 31: staleness k - staleness 0, and the asynchronous run at staleness 0 against the synchronous one
     ("duo-grpo-async-s1", "duo-grpo-async-s0"), ("duo-grpo-async-s2", "duo-grpo-async-s0"), ("duo-grpo-async-s0", "duo-grpo"),

@@ -423,6 +423,10 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
     assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME) and all(a != b for a, b in eb.COMPARISONS)
     assert ("duo-grpo-warm-kl", "duo-grpo-warm") in eb.COMPARISONS
+    assert all((s.name, s.cold) in eb.COMPARISONS for s in eb.SYSTEMS if s.warm)
+    assert eb.COMPARISONS.count(("duo-grpo-warm-kl", "duo-grpo")) == 1
+    with pytest.raises(ValueError, match="cold="):
+        eb.System("x-warm", "duo", "grpo", warm=True)
     assert ("duo-grpo-branch", "duo-grpo") in eb.COMPARISONS and ("duo-marft-action-branch-warm", "duo-marft-action-branch") in eb.COMPARISONS
     assert eb.grad_spikes([1.0, 1.0, 1.0, 3.5, float("nan")]) == 1 and eb.grad_spikes([0.0, 0.0]) == 0
 
