@@ -61,7 +61,8 @@ class System:
 
     ``warm``: RL starts from per-role adapters that ``marft sft`` trained on the env's scripted
     demonstrations (issue 30 section 2); ``cold`` names its cold twin, the same RL from fresh
-    adapters, which the report pairs it with (warm - cold). ``tier``: queue order (0 the baselines of issue 18,
+    adapters, which the report pairs it with (warm - cold). ``env_overrides``: env keywords of this
+    system on top of ``--env-kwargs`` (e.g. a compact hand-off, issue 30 section 3). ``tier``: queue order (0 the baselines of issue 18,
     1 the credit-assignment systems of issue 30, 2 the MALT/ReMA extras, 3 the staleness check of
     issue 31: one rollout worker at ``max_staleness`` 0, 1, 2).
     """
@@ -74,6 +75,7 @@ class System:
     tier: int = 0
     warm: bool = False
     cold: str | None = None
+    env_overrides: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.warm and not self.cold:
@@ -93,6 +95,7 @@ class System:
 _AGENTWISE = (("normalize_advantages", "agent"),)
 _BRANCH = (("branching", 2),)
 _KL_TO_SFT = (("reference", "init"), ("beta", 0.04))
+_RECORD = (("handoff", "record"),)  # the actor sees a compact record of the reasoner's claims and answer (PACT)
 SYSTEMS: list[System] = [
     System("untrained-solo", "solo"),
     System("untrained-duo", "duo"),
@@ -112,6 +115,9 @@ SYSTEMS: list[System] = [
     System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True, cold="duo-marft-action-branch"),
     # the warm start held near its SFT policy: a KL penalty (beta 0.04, DeepSeekMath's GRPO value) to the SFT weights
     System("duo-grpo-warm-kl", "duo", "grpo", _AGENTWISE + _KL_TO_SFT, tier=1, warm=True, cold="duo-grpo"),
+    # compact hand-offs (PACT): the same MARFT duo, the actor reading a record of the reasoner's claims and answer
+    System("untrained-duo-record", "duo", tier=1, env_overrides=_RECORD),
+    System("duo-marft-action-record", "duo", "marft-action", tier=1, env_overrides=_RECORD),
     System("malt-grpo", "malt", "grpo", _AGENTWISE, tier=2),
     System("rema-grpo", "rema", "grpo", _AGENTWISE, tier=2),
     # asynchronous rollout workers (issue 31): does learning suffer at staleness 1 and 2?
@@ -137,6 +143,8 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
     *[(s.name, s.cold) for s in SYSTEMS if s.cold],
     ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"),
+    ("duo-marft-action-record", "duo-marft-action"), ("duo-marft-action-record", "solo-grpo"),
+    ("duo-marft-action-record", "untrained-duo-record"), ("untrained-duo-record", "untrained-duo"),
     *[(d, "solo-majk") for d in _BRANCHED],
     # issue 31: staleness k - staleness 0, and the asynchronous run at staleness 0 against the synchronous one
     ("duo-grpo-async-s1", "duo-grpo-async-s0"), ("duo-grpo-async-s2", "duo-grpo-async-s0"), ("duo-grpo-async-s0", "duo-grpo"),
@@ -145,7 +153,7 @@ COMPARISONS: list[tuple[str, str]] = [
 CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from", "reference", "beta",
                "rollout_workers", "max_staleness")
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
-                 "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "status"]
+                 "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "eval_prompt_tokens_per_episode", "status"]
 DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]
 
 
@@ -229,11 +237,15 @@ def _agents(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
     return list(marft_envs.spec(env_id).agents_for(**env_kwargs))
 
 
-def _heldout(policy: Any, env_id: str, args: argparse.Namespace, n: int | None = None) -> dict[str, Any]:
+def _env_kwargs(system: System, args: argparse.Namespace) -> dict[str, Any]:
+    """The system's env keywords: ``--env-kwargs`` and the system's own ``env_overrides`` on top."""
+    return {**json.loads(args.env_kwargs), **dict(system.env_overrides)}
+
+
+def _heldout(policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, n: int | None = None) -> dict[str, Any]:
     """Greedy evaluation on test problems 0..n-1 (default ``--eval-n``) with the training token limits; per-problem correctness."""
     from marft_algos.evaluation import episode_score, evaluate
 
-    env_kwargs = json.loads(args.env_kwargs)
     res = evaluate(policy, env_id, env_kwargs=env_kwargs, n=args.eval_n if n is None else n, split="test", num_envs=args.num_envs_eval, greedy=True,
                    sampling_overrides=_sampling(_agents(env_id, env_kwargs), args), seed=1234)
     d = res.to_dict()
@@ -250,7 +262,7 @@ def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path, 
     assert system.algo is not None
     spec = get_algorithm(system.algo)
     env_id = _env_id(args, system.env)
-    env_kwargs = json.loads(args.env_kwargs)
+    env_kwargs = _env_kwargs(system, args)
     data: dict[str, Any] = {
         "env_id": env_id, "env_kwargs": env_kwargs, "model": args.model, "steps": args.max_steps, "seed": seed,
         "out_dir": str(run_dir), "progress": False, "save_every": 0, "transcript_every": 0,
@@ -279,7 +291,7 @@ def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Pa
     done = sft_dir / "SFT_DONE"
     if not done.exists():
         rl = {**QUICKSTART_RECIPE, **dict(kv.split("=", 1) for kv in args.set if "=" in kv)}
-        argv = ["sft", "--env", _env_id(args, system.env), "--env-kwargs", args.env_kwargs, "--model", args.model,
+        argv = ["sft", "--env", _env_id(args, system.env), "--env-kwargs", json.dumps(_env_kwargs(system, args)), "--model", args.model,
                 "--demos", "scripted", "--seed", str(seed), "--out", str(sft_dir),
                 "--lora-r", str(rl["lora_r"]), "--lora-alpha", str(rl["lora_alpha"])]
         for kv in args.sft_set:  # KEY=VALUE -> --key VALUE (see `marft sft --help`)
@@ -309,7 +321,7 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
     torch.set_num_threads(args.threads)
     t_job, cpu_job = time.perf_counter(), time.process_time()
     env_id = _env_id(args, system.env)
-    rec: dict[str, Any] = {"system": system.name, "seed": seed, "env_id": env_id, "env_kwargs": json.loads(args.env_kwargs),
+    rec: dict[str, Any] = {"system": system.name, "seed": seed, "env_id": env_id, "env_kwargs": _env_kwargs(system, args),
                            "model": args.model, "algo": system.algo, "eval_n": args.eval_n, "token_budget": args.token_budget}
     if system.majority:
         rec.update(_majority(seed, args, out))
@@ -317,7 +329,7 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
         from benchmarks._common import untrained_policy
 
         policy = untrained_policy(_agents(env_id, rec["env_kwargs"]), args.model)
-        rec["eval"] = _heldout(policy, env_id, args)
+        rec["eval"] = _heldout(policy, env_id, rec["env_kwargs"], args)
         rec.update(train_tokens=0, steps=0, train_minutes=0.0, curve=[])
     else:
         rec.update(_train(system, seed, args, out, env_id))
@@ -369,11 +381,12 @@ def _curve_due(before: int, after: int, every: int) -> bool:
 def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_id: str) -> dict[str, Any]:
     """Train one job to the token budget, checkpointing every ``--checkpoint-every`` steps; the job's fields."""
     run_dir = out / "rundirs" / system.name / f"seed{seed}"
+    env_kwargs = _env_kwargs(system, args)
     spec, config = _config(system, seed, args, run_dir, out)
     trainer = spec.trainer_cls(config)
     prog = _resume(trainer, run_dir)
     if system.warm and prog["step"] == 0 and "init_eval" not in prog:  # after SFT, before RL: splits warm - cold into what SFT and RL each did
-        prog["init_eval"] = _init_eval(trainer.policy, env_id, args)
+        prog["init_eval"] = _init_eval(trainer.policy, env_id, env_kwargs, args)
         if args.curve_every_tokens:
             prog["heldout_curve"].insert(0, {"tokens": 0, **prog["init_eval"]["curve_point"]})
     full = config.num_envs // trainer.algorithm.group_size
@@ -391,7 +404,7 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         print(f"[equal-budget] {system.name} seed {seed} step {trainer.global_step}: reward {m.get('team/reward', float('nan')):.3f}, "
               f"{prog['tokens']}/{args.token_budget} tokens, {prog['spent'] / 60:.1f} min", flush=True)
         if _curve_due(before, prog["tokens"], args.curve_every_tokens) and prog["tokens"] < args.token_budget:
-            ev = _heldout(trainer.policy, env_id, args, n=args.curve_eval_n)
+            ev = _heldout(trainer.policy, env_id, env_kwargs, args, n=args.curve_eval_n)
             prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
         if args.checkpoint_every and trainer.global_step % args.checkpoint_every == 0:
             _save_progress(trainer, run_dir, prog)
@@ -401,9 +414,9 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         train_tokens=prog["tokens"], steps=trainer.global_step, train_groups=prog["groups"], train_minutes=prog["spent"] / 60,
         train_cpu_minutes=prog["cpu"] / 60, curve=prog["curve"], resumed_at=prog.get("resumed_at"),
         config={k: v for k, v in config.to_dict().items() if k in CONFIG_KEPT})
-    rec["eval"] = _heldout(trainer.policy, env_id, args)
+    rec["eval"] = _heldout(trainer.policy, env_id, env_kwargs, args)
     if args.curve_every_tokens:  # the final point, on the curve's own problem set
-        ev = _on_curve_set(trainer.policy, env_id, args, rec["eval"])
+        ev = _on_curve_set(trainer.policy, env_id, env_kwargs, args, rec["eval"])
         prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
     rec["heldout_curve"] = prog["heldout_curve"]
     if "init_eval" in prog:
@@ -411,15 +424,15 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
     return rec
 
 
-def _on_curve_set(policy: Any, env_id: str, args: argparse.Namespace, full: dict[str, Any]) -> dict[str, Any]:
+def _on_curve_set(policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, full: dict[str, Any]) -> dict[str, Any]:
     """The held-out result on the curve's problems: ``full`` (the --eval-n result) when it covers them, else a --curve-eval-n run."""
-    return full if args.curve_eval_n >= args.eval_n else _heldout(policy, env_id, args, n=args.curve_eval_n)
+    return full if args.curve_eval_n >= args.eval_n else _heldout(policy, env_id, env_kwargs, args, n=args.curve_eval_n)
 
 
-def _init_eval(policy: Any, env_id: str, args: argparse.Namespace) -> dict[str, Any]:
+def _init_eval(policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """A warm job's held-out accuracy on its SFT adapters (the RL run's step 0): the full set, and the curve's first point."""
-    ev = _heldout(policy, env_id, args)
-    point = _on_curve_set(policy, env_id, args, ev) if args.curve_every_tokens else ev
+    ev = _heldout(policy, env_id, env_kwargs, args)
+    point = _on_curve_set(policy, env_id, env_kwargs, args, ev) if args.curve_every_tokens else ev
     return {"accuracy": ev["accuracy"], "n": ev["n"], "correct_per_problem": ev["correct_per_problem"],
             "curve_point": {"accuracy": point["accuracy"], "n": point["n"]}}
 
@@ -607,7 +620,9 @@ def _row(s: System, recs: list[dict[str, Any]], args: argparse.Namespace) -> dic
         "train_tokens": " ".join(str(r["train_tokens"]) for r in recs), "steps": " ".join(str(r["steps"]) for r in recs),
         "train_minutes": " ".join(f"{r['train_minutes']:.1f}" for r in recs), "job_minutes": " ".join(f"{r['job_minutes']:.1f}" for r in recs),
         "job_cpu_minutes": " ".join(f"{r.get('job_cpu_minutes', float('nan')):.1f}" for r in recs),
-        "eval_tokens_per_episode": float(np.mean([r["eval"]["mean_tokens"] for r in recs])), "status": "ok",
+        "eval_tokens_per_episode": float(np.mean([r["eval"]["mean_tokens"] for r in recs])),
+        # prompt tokens the agents read (jobs written before it was recorded: nan)
+        "eval_prompt_tokens_per_episode": float(np.mean([r["eval"].get("mean_prompt_tokens", float("nan")) for r in recs])), "status": "ok",
     }
 
 

@@ -53,6 +53,9 @@ class EvalResult:
     #: episodes with at least one action whose prompt overflowed max_context, and overflows per agent
     overlong_episodes: int = 0
     overlong_by_agent: dict[str, int] = field(default_factory=dict)
+    #: prompt tokens the agents read per episode (what a compact hand-off saves), and per agent per action
+    mean_prompt_tokens: float = 0.0
+    per_agent_prompt_tokens: dict[str, float] = field(default_factory=dict)
     episodes: list[Episode] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,9 +145,11 @@ def evaluate(
     correct = sum(bool(ep.correct) for ep in episodes)
     lo, hi = wilson_interval(correct, len(episodes))
     per_agent: dict[str, list[int]] = {}
+    per_agent_prompt: dict[str, list[int]] = {}
     for ep in episodes:
         for t in ep.transitions:
             per_agent.setdefault(t.agent, []).append(t.num_tokens)
+            per_agent_prompt.setdefault(t.agent, []).append(len(t.prompt_ids))
     m = batch.metrics
     return EvalResult(
         env_id=env_id or getattr(probe, "metadata", {}).get("name", "env"),
@@ -163,6 +168,8 @@ def evaluate(
         per_agent_tokens={a: sum(v) / len(v) for a, v in per_agent.items()},
         overlong_episodes=sum(any("context_overflow" in t.flags for t in ep.transitions) for ep in episodes),
         overlong_by_agent={a: int(m.get(f"agent/{a}/overlong", 0)) for a in per_agent if m.get(f"agent/{a}/overlong")},
+        mean_prompt_tokens=sum(len(t.prompt_ids) for ep in episodes for t in ep.transitions) / len(episodes),
+        per_agent_prompt_tokens={a: sum(v) / len(v) for a, v in per_agent_prompt.items()},
         episodes=episodes,
     )
 

@@ -404,3 +404,37 @@ def test_eval_and_leaderboard_agree_on_one_checkpoint(tmp_path: Path, capsys: py
         marft(["leaderboard", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "each profile's own eval limit" in shown and "a checkpoint's own run setting" in shown
+
+
+class _RamblingDuo:
+    """Char-level ids, no model: the reasoner rambles around one claim, the actor boxes 1."""
+
+    RAMBLE = "Let me think about this problem step by step carefully.\nFirst 2 + 2 = 4.\nHmm, that seems right, I think so.\n"
+
+    def encode(self, role, messages):
+        return [ord(c) for c in "\n".join(f"<{m['role']}>{m['content']}" for m in messages)]
+
+    def generate(self, requests):
+        from marft_algos.models import GenResult
+
+        out = []
+        for r in requests:
+            text = self.RAMBLE if r.role == "reasoner" else "\\boxed{1}"
+            ids = [ord(c) for c in text]
+            out += [GenResult(token_ids=ids, text=text, logprobs=[-0.5] * len(ids), finish_reason="eos")] * r.n
+        return out
+
+
+def test_eval_counts_the_prompt_tokens_each_agent_read() -> None:
+    """``mean_prompt_tokens`` is the prompt ids per episode; a compact hand-off shortens the actor's prompt only."""
+    from marft_algos.evaluation import evaluate
+    from marft_envs.handoff import claims_record
+
+    res = {h: evaluate(_RamblingDuo(), "arith-duo-v0", env_kwargs={"handoff": h}, n=3, greedy=True) for h in ("full", "record")}
+    for r in res.values():
+        assert r.mean_prompt_tokens == sum(len(t.prompt_ids) for ep in r.episodes for t in ep.transitions) / 3
+        assert r.to_dict()["per_agent_prompt_tokens"].keys() == {"reasoner", "actor"}
+    full, record = res["full"].per_agent_prompt_tokens, res["record"].per_agent_prompt_tokens
+    assert record["reasoner"] == full["reasoner"]
+    assert full["actor"] - record["actor"] == len(_RamblingDuo.RAMBLE) - len(claims_record(_RamblingDuo.RAMBLE))  # char-level ids
+    assert res["record"].mean_prompt_tokens < res["full"].mean_prompt_tokens

@@ -412,14 +412,14 @@ def test_paired_bootstrap_rejects_unpaired_problem_sets(eb: ModuleType) -> None:
 
 def test_equal_budget_queue_order(eb: ModuleType) -> None:
     q = eb.queue([0, 1, 2])
-    assert q[:2] == [("untrained-solo", 0), ("untrained-duo", 0)]
-    assert q[2:5] == [("solo-majk", 0), ("solo-majk", 1), ("solo-majk", 2)]
+    assert q[:3] == [("untrained-solo", 0), ("untrained-duo", 0), ("untrained-duo-record", 0)]
+    assert q[3:6] == [("solo-majk", 0), ("solo-majk", 1), ("solo-majk", 2)]
     core = ["solo-grpo", "duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo"]
-    assert q[5:20] == [(s, k) for k in (0, 1, 2) for s in core]
-    credit = [s.name for s in eb.SYSTEMS if s.tier == 1]
-    assert len(credit) == 8 and q[20:44] == [(s, k) for k in (0, 1, 2) for s in credit]
-    assert {s for s, _ in q[44:50]} == {"malt-grpo", "rema-grpo"}
-    assert q[50:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
+    assert q[6:21] == [(s, k) for k in (0, 1, 2) for s in core]
+    credit = [s.name for s in eb.SYSTEMS if s.tier == 1 and s.trained]
+    assert len(credit) == 9 and q[21:48] == [(s, k) for k in (0, 1, 2) for s in credit]
+    assert {s for s, _ in q[48:54]} == {"malt-grpo", "rema-grpo"}
+    assert q[54:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
     # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
     assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME) and all(a != b for a, b in eb.COMPARISONS)
     assert ("duo-grpo-warm-kl", "duo-grpo-warm") in eb.COMPARISONS
@@ -574,3 +574,17 @@ def test_forward_memory_modes(capsys: pytest.CaptureFixture[str]) -> None:
     assert fm.main(["--model", "tiny-random", "--rows", "2", "--prompt", "4", "--response", "8", "--modes", "plain,checkpointing"]) == 0
     out = capsys.readouterr().out
     assert "| plain |" in out and "| checkpointing |" in out and "rss_vs_plain" in out
+
+
+def test_equal_budget_system_env_overrides_reach_its_env(eb: ModuleType, tmp_path: Path) -> None:
+    """A system's env_overrides (the compact hand-off) sit on top of --env-kwargs in its job, and the
+    report has the prompt tokens the agents read."""
+    out = tmp_path / "eb"
+    assert eb.main(["--model", "tiny-random", "--eval-n", "2", "--seeds", "0", "--jobs", "0", "--max-new-tokens", "4",
+                    "--env-kwargs", '{"digits": 1}', "--bootstrap", "50", "--systems", "untrained-duo,untrained-duo-record",
+                    "--out", str(out)]) == 0
+    full, record = (json.loads((out / "runs" / s / "seed0.json").read_text()) for s in ("untrained-duo", "untrained-duo-record"))
+    assert full["env_kwargs"] == {"digits": 1} and record["env_kwargs"] == {"digits": 1, "handoff": "record"}
+    assert record["eval"]["per_agent_prompt_tokens"].keys() == {"reasoner", "actor"} and record["eval"]["mean_prompt_tokens"] > 0
+    _, rows = _csv(out / "equal_budget.csv")
+    assert all(float(r["eval_prompt_tokens_per_episode"]) > 0 for r in rows if r["status"] == "ok")
