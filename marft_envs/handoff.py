@@ -5,7 +5,7 @@ A *hand-off* rewrites that text on the way, per edge ``source -> target`` of the
 
 - ``"full"``: the text as written (today's behaviour, the default).
 - ``"answer"``: the predecessor's final answer only (:func:`final_answer`: the last
-  ``\\boxed{}``, else the text after the last ``Answer:``, else the last non-empty line).
+  ``\\boxed{}``, else the rest of the sentence after the last ``Answer:``, else the last sentence).
 - ``"record"``: a compact record of the claims and the answer (:func:`claims_record`: the
   lines that state something with a number or an ``=``, at most :data:`MAX_CLAIMS`, then the
   answer), the compact action-state record of PACT.
@@ -43,11 +43,13 @@ MAX_CLAIMS = 4
 _TAIL = 20_000
 _ANSWER_RE = re.compile(r"\banswer\s*(?:is\b\s*[:=]?|[:=])\s*(.+)", re.IGNORECASE)
 _CLAIM_RE = re.compile(r"\d|=")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")  # a period inside "3.5" is no sentence end
 
 
 def final_answer(text: str, **_: Any) -> str:
     """The final answer in ``text``: the last ``\\boxed{}`` (kept boxed), else what follows the
-    last ``Answer:`` / ``answer is``, else the last sentence ("" for an empty text)."""
+    last ``Answer:`` / ``answer is`` to the end of that sentence, else the last sentence ("" for
+    an empty text)."""
     text = str(text)[-_TAIL:]
     boxed = extract_boxed(text)
     if boxed is not None:
@@ -57,8 +59,9 @@ def final_answer(text: str, **_: Any) -> str:
         found = list(_ANSWER_RE.finditer(line))  # the last "answer is / Answer:" of the line
         m = found[-1] if found else None
         if m and m.group(1).strip():
-            return m.group(1).strip()
-    sentences = re.split(r"(?<=[.!?])\s+", lines[-1]) if lines else []
+            # the rest of that sentence only: a one-line ramble goes on after "the answer is 29."
+            return _SENTENCE_END.split(m.group(1).strip(), maxsplit=1)[0]
+    sentences = _SENTENCE_END.split(lines[-1]) if lines else []
     return sentences[-1].strip() if sentences else ""
 
 

@@ -8,6 +8,8 @@ import pickle
 
 import pytest
 from helpers.scripted import CharPolicy
+from hypothesis import given
+from hypothesis import strategies as st
 
 import marft_envs
 from marft_envs.handoff import Handoff, claims_record, final_answer
@@ -140,3 +142,21 @@ def test_recorded_prompt_is_the_compact_message_and_tokens_drop():
         return sum(len(t.prompt_ids) for ep in batch.episodes for t in ep.transitions)
 
     assert prompt_tokens(compact) < prompt_tokens(full) - 2 * (len(REASONING) - 10)
+
+
+@pytest.mark.parametrize(("text", "answer"), [
+    # a one-line ramble goes on after its answer: the answer is the rest of that sentence only
+    ("So the answer is 29. Let me double check: 29 + 18 = 47. Yes, that is correct.", "29."),
+    ("The answer is 3.5 dollars. Done", "3.5 dollars."),  # a decimal point ends no sentence
+    ("Answer: -34", "-34"),
+    ("I think 12. Then the answer: 7! Then more", "7!"),
+    ("no marker here. Last words", "Last words"),
+    ("x \\boxed{5} and the answer is 6.", "\\boxed{5}"),
+])
+def test_final_answer_stops_at_the_end_of_the_answers_sentence(text, answer):
+    assert final_answer(text) == answer
+
+
+@given(st.text(max_size=300))
+def test_final_answer_is_never_longer_than_the_text(text):
+    assert len(final_answer(text)) <= len(text)
