@@ -8,7 +8,7 @@ A *hand-off* rewrites that text on the way, per edge ``source -> target`` of the
   ``\\boxed{}``, else the rest of the sentence after the last ``Answer:``, else the last sentence).
 - ``"record"``: a compact record of the claims and the answer (:func:`claims_record`: the
   lines that state something with a number or an ``=``, at most :data:`MAX_CLAIMS`, then the
-  answer), the compact action-state record of PACT.
+  answer the text states, or none), the compact action-state record of PACT.
 - ``"module:function"`` or a callable ``fn(text, *, source, target, problem) -> str``.
 
 ``handoff`` (an env keyword of :class:`~marft_envs.text_env.TextTeamEnv`) is one of those
@@ -34,7 +34,7 @@ from typing import Any
 
 from marft_envs.verifiers.extract import extract_boxed
 
-__all__ = ["HANDOFFS", "MAX_CLAIMS", "Handoff", "claims_record", "final_answer", "resolve_handoff"]
+__all__ = ["HANDOFFS", "MAX_CLAIMS", "Handoff", "claims_record", "final_answer", "resolve_handoff", "stated_answer"]
 
 logger = logging.getLogger("marft_envs")
 
@@ -46,32 +46,41 @@ _CLAIM_RE = re.compile(r"\d|=")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")  # a period inside "3.5" is no sentence end
 
 
-def final_answer(text: str, **_: Any) -> str:
-    """The final answer in ``text``: the last ``\\boxed{}`` (kept boxed), else what follows the
-    last ``Answer:`` / ``answer is`` to the end of that sentence, else the last sentence ("" for
-    an empty text)."""
+def stated_answer(text: str) -> str | None:
+    """The answer ``text`` states explicitly: the last ``\\boxed{}`` (kept boxed), else what
+    follows the last ``Answer:`` / ``answer is`` to the end of that sentence; None when it
+    states none (e.g. a reply cut off at the token limit before its answer)."""
     text = str(text)[-_TAIL:]
     boxed = extract_boxed(text)
     if boxed is not None:
         return f"\\boxed{{{boxed}}}"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for line in reversed(lines):
+    for line in reversed([ln.strip() for ln in text.splitlines() if ln.strip()]):
         found = list(_ANSWER_RE.finditer(line))  # the last "answer is / Answer:" of the line
-        m = found[-1] if found else None
-        if m and m.group(1).strip():
+        if found and found[-1].group(1).strip():
             # the rest of that sentence only: a one-line ramble goes on after "the answer is 29."
-            return _SENTENCE_END.split(m.group(1).strip(), maxsplit=1)[0]
+            return _SENTENCE_END.split(found[-1].group(1).strip(), maxsplit=1)[0]
+    return None
+
+
+def final_answer(text: str, **_: Any) -> str:
+    """The final answer in ``text``: :func:`stated_answer`, else the last sentence ("" for an
+    empty text)."""
+    stated = stated_answer(text)
+    if stated is not None:
+        return stated
+    lines = [ln.strip() for ln in str(text)[-_TAIL:].splitlines() if ln.strip()]
     sentences = _SENTENCE_END.split(lines[-1]) if lines else []
     return sentences[-1].strip() if sentences else ""
 
 
 def claims_record(text: str, **_: Any) -> str:
     """A compact record: ``Claims:`` the last :data:`MAX_CLAIMS` sentences that state
-    something with a number or ``=`` (one per line), then ``Answer: <final answer>``."""
+    something with a number or ``=`` (one per line), then ``Answer: <stated answer>``, or
+    ``Answer: (none)`` when the text states none: a last sentence is not passed off as an answer."""
     text = str(text)[-_TAIL:]
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
     claims = [s for s in sentences if _CLAIM_RE.search(s)][-MAX_CLAIMS:]
-    answer = final_answer(text)
+    answer = stated_answer(text)
     lines = ["Claims:"] + [f"- {c}" for c in claims] if claims else []
     return "\n".join(lines + [f"Answer: {answer}" if answer else "Answer: (none)"])
 

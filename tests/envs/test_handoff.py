@@ -160,3 +160,11 @@ def test_final_answer_stops_at_the_end_of_the_answers_sentence(text, answer):
 @given(st.text(max_size=300))
 def test_final_answer_is_never_longer_than_the_text(text):
     assert len(final_answer(text)) <= len(text)
+
+
+def test_the_record_passes_off_no_last_sentence_as_an_answer():
+    """A reply cut off before its answer: the claims, and ``Answer: (none)`` (the 'answer' view still shows the last sentence)."""
+    cut = "First 65 + 13 = 78. We can do this by adding 65 and 13, which gives us"
+    assert claims_record(cut) == "Claims:\n- First 65 + 13 = 78.\n- We can do this by adding 65 and 13, which gives us\nAnswer: (none)"
+    assert final_answer(cut) == "We can do this by adding 65 and 13, which gives us"
+    assert claims_record("So the answer is 29. Then 29 + 18 = 47.") == "Claims:\n- So the answer is 29.\n- Then 29 + 18 = 47.\nAnswer: 29."
