@@ -96,6 +96,7 @@ _AGENTWISE = (("normalize_advantages", "agent"),)
 _BRANCH = (("branching", 2),)
 _KL_TO_SFT = (("reference", "init"), ("beta", 0.04))
 _RECORD = (("handoff", "record"),)  # the actor sees a compact record of the reasoner's claims and answer (PACT)
+_ANSWER = (("handoff", "answer"),)  # the actor sees the reasoner's final answer only
 SYSTEMS: list[System] = [
     System("untrained-solo", "solo"),
     System("untrained-duo", "duo"),
@@ -115,9 +116,11 @@ SYSTEMS: list[System] = [
     System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True, cold="duo-marft-action-branch"),
     # the warm start held near its SFT policy: a KL penalty (beta 0.04, DeepSeekMath's GRPO value) to the SFT weights
     System("duo-grpo-warm-kl", "duo", "grpo", _AGENTWISE + _KL_TO_SFT, tier=1, warm=True, cold="duo-grpo"),
-    # compact hand-offs (PACT): the same MARFT duo, the actor reading a record of the reasoner's claims and answer
+    # compact hand-offs (PACT): the actor reads a record of the reasoner's claims and answer, or its final answer
+    # only; trained: the answer view (on arith the record is as long as the text, and it misled the untrained actor)
     System("untrained-duo-record", "duo", tier=1, env_overrides=_RECORD),
-    System("duo-marft-action-record", "duo", "marft-action", tier=1, env_overrides=_RECORD),
+    System("untrained-duo-answer", "duo", tier=1, env_overrides=_ANSWER),
+    System("duo-marft-action-answer", "duo", "marft-action", tier=1, env_overrides=_ANSWER),
     System("malt-grpo", "malt", "grpo", _AGENTWISE, tier=2),
     System("rema-grpo", "rema", "grpo", _AGENTWISE, tier=2),
     # asynchronous rollout workers (issue 31): does learning suffer at staleness 1 and 2?
@@ -143,8 +146,8 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
     *[(s.name, s.cold) for s in SYSTEMS if s.cold],
     ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"),
-    ("duo-marft-action-record", "duo-marft-action"), ("duo-marft-action-record", "solo-grpo"),
-    ("duo-marft-action-record", "untrained-duo-record"), ("untrained-duo-record", "untrained-duo"),
+    ("duo-marft-action-answer", "duo-marft-action"), ("duo-marft-action-answer", "solo-grpo"),
+    ("duo-marft-action-answer", "untrained-duo-answer"), ("untrained-duo-answer", "untrained-duo"), ("untrained-duo-record", "untrained-duo"),
     *[(d, "solo-majk") for d in _BRANCHED],
     # issue 31: staleness k - staleness 0, and the asynchronous run at staleness 0 against the synchronous one
     ("duo-grpo-async-s1", "duo-grpo-async-s0"), ("duo-grpo-async-s2", "duo-grpo-async-s0"), ("duo-grpo-async-s0", "duo-grpo"),

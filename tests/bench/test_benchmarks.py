@@ -412,14 +412,14 @@ def test_paired_bootstrap_rejects_unpaired_problem_sets(eb: ModuleType) -> None:
 
 def test_equal_budget_queue_order(eb: ModuleType) -> None:
     q = eb.queue([0, 1, 2])
-    assert q[:3] == [("untrained-solo", 0), ("untrained-duo", 0), ("untrained-duo-record", 0)]
-    assert q[3:6] == [("solo-majk", 0), ("solo-majk", 1), ("solo-majk", 2)]
+    assert q[:4] == [("untrained-solo", 0), ("untrained-duo", 0), ("untrained-duo-record", 0), ("untrained-duo-answer", 0)]
+    assert q[4:7] == [("solo-majk", 0), ("solo-majk", 1), ("solo-majk", 2)]
     core = ["solo-grpo", "duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo"]
-    assert q[6:21] == [(s, k) for k in (0, 1, 2) for s in core]
+    assert q[7:22] == [(s, k) for k in (0, 1, 2) for s in core]
     credit = [s.name for s in eb.SYSTEMS if s.tier == 1 and s.trained]
-    assert len(credit) == 9 and q[21:48] == [(s, k) for k in (0, 1, 2) for s in credit]
-    assert {s for s, _ in q[48:54]} == {"malt-grpo", "rema-grpo"}
-    assert q[54:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
+    assert len(credit) == 9 and q[22:49] == [(s, k) for k in (0, 1, 2) for s in credit]
+    assert {s for s, _ in q[49:55]} == {"malt-grpo", "rema-grpo"}
+    assert q[55:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
     # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
     assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME) and all(a != b for a, b in eb.COMPARISONS)
     assert ("duo-grpo-warm-kl", "duo-grpo-warm") in eb.COMPARISONS
