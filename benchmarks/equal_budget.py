@@ -61,10 +61,11 @@ class System:
 
     ``warm``: RL starts from per-role adapters that ``marft sft`` trained on the env's scripted
     demonstrations (issue 30 section 2); ``cold`` names its cold twin, the same RL from fresh
-    adapters, which the report pairs it with (warm - cold). ``env_overrides``: env keywords of this
-    system on top of ``--env-kwargs`` (e.g. a compact hand-off, issue 30 section 3). ``tier``: queue order (0 the baselines of issue 18,
-    1 the credit-assignment systems of issue 30, 2 the MALT/ReMA extras, 3 the staleness check of
-    issue 31: one rollout worker at ``max_staleness`` 0, 1, 2).
+    adapters, which the report pairs it with (warm - cold). ``env_overrides``: env keywords of
+    this system on top of ``--env-kwargs`` (e.g. a compact hand-off, issue 30 section 3).
+    ``tier``: queue order (0 the baselines of issue 18, 1 the credit-assignment systems of
+    issue 30, 2 the MALT/ReMA extras, 3 the staleness check of issue 31: one rollout worker at
+    ``max_staleness`` 0, 1, 2).
     """
 
     name: str
