@@ -23,9 +23,12 @@ grpo (agent-wise normalisation, Dr. MAS) and ippo; the MALT trio and the ReMA du
 with GRPO (last in the queue). Recipe: the quickstart's (``marft_algos.cli``), GRPO
 group size 4. Held-out: test problems 0..eval_n-1, greedy, the same token limits.
 
-Each (system, seed) is an independent job writing ``<out>/runs/<system>/seed<k>.json``
-(per-problem 0/1 correctness, tokens, steps, minutes, per-step metrics); an existing JSON
-is skipped, so the run can be stopped and restarted. ``--jobs N`` runs N jobs at once as
+Each (system, seed) is an independent job writing ``<records>/<system>/seed<k>.json``
+(``--records``, default ``<out>/runs``: per-problem 0/1 correctness, tokens, steps, minutes,
+per-step metrics); an existing JSON is skipped, so the run can be stopped and restarted,
+and a trained job continues from its last checkpoint in ``<out>/rundirs``. The JSONs are
+small: keep them under version control (``--records``) and a report can pool seeds run in
+different places, where the checkpoints are not kept. ``--jobs N`` runs N jobs at once as
 subprocesses with one thread each. The report (``equal_budget.md/.csv/.json/.png``) has
 per-system means over seeds, Wilson intervals of the pooled accuracy and paired
 bootstrap intervals of the differences (:func:`paired_bootstrap`); a system without a
@@ -328,7 +331,7 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
     rec: dict[str, Any] = {"system": system.name, "seed": seed, "env_id": env_id, "env_kwargs": _env_kwargs(system, args),
                            "model": args.model, "algo": system.algo, "eval_n": args.eval_n, "token_budget": args.token_budget}
     if system.majority:
-        rec.update(_majority(seed, args, out))
+        rec.update(_majority(seed, args, _records_dir(args, out)))
     elif not system.trained:
         from benchmarks._common import untrained_policy
 
@@ -441,13 +444,13 @@ def _init_eval(policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argpa
             "curve_point": {"accuracy": point["accuracy"], "n": point["n"]}}
 
 
-def _majority(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def _majority(seed: int, args: argparse.Namespace, records: Path) -> dict[str, Any]:
     """solo maj@k at the untrained duo's inference tokens; k from the untrained jobs' tokens/episode."""
     from benchmarks._common import untrained_policy
     from marft_algos.evaluation import majority_vote, run_samples, summarize
 
     first = int(args.seeds.split(",")[0])  # the untrained (greedy) systems run once, as the first seed
-    duo, solo = (json.loads(_job_path(out, n, first).read_text()) for n in ("untrained-duo", "untrained-solo"))
+    duo, solo = (json.loads(_job_path(records, n, first).read_text()) for n in ("untrained-duo", "untrained-solo"))
     ratio = duo["eval"]["mean_tokens"] / max(solo["eval"]["mean_tokens"], 1e-9)
     k = max(3, round(ratio))
     env_kwargs = json.loads(args.env_kwargs)
@@ -472,8 +475,17 @@ def _majority(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
-def _job_path(out: Path, system: str, seed: int) -> Path:
-    return out / "runs" / system / f"seed{seed}.json"
+def _records_dir(args: argparse.Namespace, out: Path) -> Path:
+    """Where the jobs' result JSONs live: ``--records``, else ``<out>/runs`` (checkpoints and logs stay in ``--out``)."""
+    return Path(args.records) if args.records else out / "runs"
+
+
+def _job_path(records: Path, system: str, seed: int) -> Path:
+    return records / system / f"seed{seed}.json"
+
+
+def _pid_path(out: Path, system: str, seed: int) -> Path:
+    return out / "pids" / system / f"seed{seed}.pid"
 
 
 def queue(seeds: Sequence[int], systems: Sequence[str] | None = None) -> list[tuple[str, int]]:
@@ -508,8 +520,8 @@ def _job_argv(argv: Sequence[str], system: str, seed: int) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *rest, "--job", f"{system}:{seed}"]
 
 
-def _write_job(out: Path, name: str, seed: int, rec: dict[str, Any]) -> None:
-    path = _job_path(out, name, seed)
+def _write_job(records: Path, name: str, seed: int, rec: dict[str, Any]) -> None:
+    path = _job_path(records, name, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, default=float))
@@ -520,7 +532,7 @@ def _write_job(out: Path, name: str, seed: int, rec: dict[str, Any]) -> None:
 
 def _live_pid(out: Path, system: str, seed: int) -> int | None:
     """The pid of a live process running job (system, seed) per its pid file, or None."""
-    f = _job_path(out, system, seed).with_suffix(".pid")
+    f = _pid_path(out, system, seed)
     try:
         pid = int(f.read_text())
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -532,11 +544,12 @@ def _live_pid(out: Path, system: str, seed: int) -> int | None:
 def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
     """Run the pending jobs, ``--jobs`` at a time, each a subprocess with one thread; log to ``<out>/logs``."""
     seeds = [int(s) for s in args.seeds.split(",")]
-    pending = [j for j in queue(seeds, _systems(args)) if not _job_path(out, *j).exists()]
+    records = _records_dir(args, out)
+    pending = [j for j in queue(seeds, _systems(args)) if not _job_path(records, *j).exists()]
     if args.jobs == 0:  # in this process, one after the other (tests)
         for name, seed in pending:
-            if all(_job_path(out, *d).exists() for d in _deps(name, seeds)):
-                _write_job(out, name, seed, run_job(BY_NAME[name], seed, args, out))
+            if all(_job_path(records, *d).exists() for d in _deps(name, seeds)):
+                _write_job(records, name, seed, run_job(BY_NAME[name], seed, args, out))
         return
     running: dict[tuple[str, int], tuple[subprocess.Popen | int, float, Any]] = {}
     for job in list(pending):  # a job still running from a stopped scheduler is adopted, not started twice
@@ -555,7 +568,7 @@ def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
                 log.close()
             del running[job]
             code = proc.returncode if isinstance(proc, subprocess.Popen) else 0
-            ok = code == 0 and _job_path(out, *job).exists()
+            ok = code == 0 and _job_path(records, *job).exists()
             print(f"[equal-budget] {'done' if ok else 'FAILED'} {job[0]} seed {job[1]} in {(time.time() - t0) / 60:.1f} min"
                   + ("" if ok else f" (exit {code}; see {out}/logs/{job[0]}/seed{job[1]}.log)"), flush=True)
             if not ok:
@@ -568,7 +581,7 @@ def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
                 pending.remove(job)
                 failed.add(job)
                 continue
-            if not all(_job_path(out, *d).exists() for d in deps):
+            if not all(_job_path(records, *d).exists() for d in deps):
                 continue
             pending.remove(job)
             logp = out / "logs" / job[0] / f"seed{job[1]}.log"
@@ -576,8 +589,8 @@ def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
             log = logp.open("a")
             print(f"[equal-budget] start {job[0]} seed {job[1]}", flush=True)
             proc = subprocess.Popen(_job_argv(argv, *job), stdout=log, stderr=subprocess.STDOUT, env=env)
-            _job_path(out, *job).parent.mkdir(parents=True, exist_ok=True)
-            _job_path(out, *job).with_suffix(".pid").write_text(str(proc.pid))
+            _pid_path(out, *job).parent.mkdir(parents=True, exist_ok=True)
+            _pid_path(out, *job).write_text(str(proc.pid))
             running[job] = (proc, time.time(), log)
         if running:
             time.sleep(2)
@@ -601,10 +614,10 @@ def _systems(args: argparse.Namespace) -> list[str] | None:
 # --------------------------------------------------------------------------------------
 
 
-def _load(out: Path) -> dict[str, list[dict[str, Any]]]:
+def _load(records: Path) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {}
     for s in SYSTEMS:
-        d = out / "runs" / s.name
+        d = records / s.name
         runs[s.name] = [json.loads(p.read_text()) for p in sorted(d.glob("seed*.json"))] if d.exists() else []
     return runs
 
@@ -809,7 +822,7 @@ def _plot(out: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
 
 def report(args: argparse.Namespace, out: Path, command: str) -> str:
     """Write ``equal_budget.md/.csv/.json/.png`` from the jobs' JSONs; returns the Markdown."""
-    runs = _load(out)
+    runs = _load(_records_dir(args, out))
     rows = [_row(s, runs[s.name], args) for s in SYSTEMS]
     diffs = _diffs(runs, args.bootstrap)
     stab = _stability(runs)
@@ -892,7 +905,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=float, default=0.0,
                    help="tokens-to-target level: held-out accuracy a run must reach (0: the untrained solo agent's accuracy)")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="`marft sft` option of the warm systems, e.g. epochs=2 (see `marft sft --help`)")
-    p.add_argument("--report-only", action="store_true", help="rebuild the report from the JSONs in --out (pass the run's flags)")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from the jobs' JSONs (pass the run's flags)")
+    p.add_argument("--records", default="",
+                   help="folder of the jobs' result JSONs (default <out>/runs): small enough to keep under version control, "
+                        "so a report can pool seeds run on other machines; checkpoints and logs stay in --out")
     p.add_argument("--job", default="", help=argparse.SUPPRESS)  # SYSTEM:SEED, run by the queue
     p.add_argument("--out", default="runs/equal_budget")
     return p
@@ -907,7 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.job:
         name, seed = args.job.rsplit(":", 1)
-        _write_job(out, name, int(seed), run_job(BY_NAME[name], int(seed), args, out))
+        _write_job(_records_dir(args, out), name, int(seed), run_job(BY_NAME[name], int(seed), args, out))
         return 0
     if not args.report_only:
         run_queue(args, argv, out)

@@ -475,7 +475,7 @@ def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
 
 def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_path: Path) -> None:
     """A restarted scheduler sees a job still running (pid file + matching command line) and does not start it twice."""
-    path = tmp_path / "runs" / "duo-grpo" / "seed0.pid"
+    path = tmp_path / "pids" / "duo-grpo" / "seed0.pid"
     path.parent.mkdir(parents=True)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--job", "duo-grpo:0"])
     try:
@@ -485,12 +485,31 @@ def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_p
         path.write_text(str(proc.pid))
         assert eb._live_pid(tmp_path, "duo-grpo", 0) == proc.pid
         assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # no pid file
-        (tmp_path / "runs" / "duo-grpo" / "seed1.pid").write_text(str(proc.pid))
+        (tmp_path / "pids" / "duo-grpo" / "seed1.pid").write_text(str(proc.pid))
         assert eb._live_pid(tmp_path, "duo-grpo", 1) is None  # a live pid running another job
     finally:
         proc.kill()
         proc.wait()
     assert eb._live_pid(tmp_path, "duo-grpo", 0) is None
+
+
+def test_equal_budget_records_folder_holds_the_results_and_pools_across_outs(eb: ModuleType, tmp_path: Path) -> None:
+    """--records: the jobs' JSONs go there (not to <out>/runs), checkpoints stay in --out, a job recorded there is
+    skipped by a run with another --out, and a report from a third --out reads every seed recorded."""
+    records = tmp_path / "records"
+    base = ["--model", "tiny-random", "--token-budget", "8", "--eval-n", "3", "--jobs", "0", "--set", "num_envs=2",
+            "--group-size", "2", "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "untrained-duo,duo-grpo",
+            "--records", str(records)]
+    assert eb.main([*base, "--seeds", "0", "--out", str(tmp_path / "a")]) == 0
+    assert (records / "duo-grpo" / "seed0.json").is_file() and not (tmp_path / "a" / "runs").exists()
+    assert (tmp_path / "a" / "rundirs" / "duo-grpo" / "seed0").is_dir()
+    mtime = (records / "duo-grpo" / "seed0.json").stat().st_mtime
+    assert eb.main([*base, "--seeds", "0,1", "--out", str(tmp_path / "b")]) == 0  # another machine: seed 1 only
+    assert (records / "duo-grpo" / "seed0.json").stat().st_mtime == mtime and (records / "duo-grpo" / "seed1.json").is_file()
+    assert not (tmp_path / "b" / "rundirs" / "duo-grpo" / "seed0").exists()
+    assert eb.main([*base, "--seeds", "0,1", "--report-only", "--out", str(tmp_path / "c")]) == 0
+    row = next(r for r in json.loads((tmp_path / "c" / "equal_budget.json").read_text())["systems"] if r["system"] == "duo-grpo")
+    assert row["seeds"] == "0,1"
 
 
 def test_equal_budget_majk_plays_the_same_problems_when_eval_n_exceeds_the_split(eb: ModuleType, tmp_path: Path) -> None:
