@@ -144,6 +144,7 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(t, "solo-grpo") for t in ("malt-grpo", "rema-grpo")],
     *[(t, "duo-grpo") for t in ("malt-grpo", "rema-grpo")],
     ("untrained-duo", "untrained-solo"),
+    ("solo-majk", "untrained-solo"),  # does sampling k and voting beat one greedy answer?
     # issue 30: team - solo, branching - plain, warm - cold
     *[(d, "solo-grpo") for d in _BRANCHED[:2]],
     *[(d, "solo-grpo-warm") for d in ("duo-grpo-warm", "duo-marft-action-warm", *_BRANCHED[2:])],
