@@ -2,8 +2,12 @@
 
 They were recorded before the training loop was restructured (issue 26): a refactor of
 the loop must leave every case's per-step metrics and final trained tensors as they were.
-Tolerance: 1e-5 relative (plus 1e-7 absolute), for summation-order differences; equal
-arithmetic gives equal bits (printed when a case is not bit-identical). New metric keys
+Tolerance: metrics 1e-5 relative (plus 1e-7 absolute), for summation-order differences;
+trained tensors 1e-5 relative plus 5e-5 absolute, because Adam amplifies a summation-order
+difference in a near-zero gradient: the cases with an entropy bonus moved by up to 3.7e-6
+when the LM head was chunked (5ce91ce) and by up to 4.2e-6 on a CPU with other kernels
+(AVX-512/AMX), while a change of the algorithm moves weights by about the learning rate
+(1e-2). Equal arithmetic gives equal bits (printed when a case is not bit-identical). New metric keys
 may appear; a recorded one may not vanish or change.
 """
 
@@ -21,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: golden/
 from golden import runs  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-7
+TENSOR_ATOL = 5e-5
 
 
 def assert_matches(name: str, history: list[dict[str, float]], tensors: dict[str, torch.Tensor]) -> None:
@@ -37,7 +42,7 @@ def assert_matches(name: str, history: list[dict[str, float]], tensors: dict[str
     for k, want in rec["tensors"].items():
         got = tensors[k]
         assert got.shape == want.shape, (name, k)
-        assert torch.allclose(got, want, rtol=RTOL, atol=ATOL), f"{name}: {k} differs by {(got - want).abs().max():.3g}"
+        assert torch.allclose(got, want, rtol=RTOL, atol=TENSOR_ATOL), f"{name}: {k} differs by {(got - want).abs().max():.3g}"
         exact = exact and torch.equal(got, want)
     if not exact:
         print(f"{name}: within tolerance, not bit-identical")
