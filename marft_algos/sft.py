@@ -181,8 +181,11 @@ def scripted_demos(policy: Any, env_fn: Callable[[], Any], n: int, *, seed: int 
     """``n`` episodes of the env's scripted policy through the RL collector; ``(demos, stats)``.
 
     Every segment of every kept episode is a demo (a tool call and the answer after its
-    result are two samples of the same role). Raises ``ValueError`` when the env has no
-    scripted policy (``demo_action`` missing or None for every agent)."""
+    result are two samples of the same role). A segment whose prompt alone exceeds
+    ``max_context`` is stepped with "" (its episode is then usually wrong, and dropped);
+    ``stats["overlong_prompts"]`` counts them per role and :func:`run_sft` adds them to its
+    ``skipped``. Raises ``ValueError`` when the env has no scripted policy (``demo_action``
+    missing or None for every agent)."""
     sampler = _ScriptedSampler(policy)
     col = RolloutCollector(env_fn, sampler, num_envs=1, seed=seed, mode="eval", max_context=max_context,
                            step_workers=1, share_prefill=False, continuous_batching=False)
@@ -193,8 +196,11 @@ def scripted_demos(policy: Any, env_fn: Callable[[], Any], n: int, *, seed: int 
     batch = col.collect(n)
     demos: list[Demo] = []
     kept = correct = 0
+    overlong: dict[str, int] = defaultdict(int)
     for ep in batch.episodes:
         correct += bool(ep.correct)
+        for t in ep.transitions:  # a prompt alone over max_context: stepped with "", never a demo
+            overlong[t.agent] += t.finish_reason == "overlong"
         if only_correct and not ep.correct:
             continue
         kept += 1
@@ -203,7 +209,8 @@ def scripted_demos(policy: Any, env_fn: Callable[[], Any], n: int, *, seed: int 
     if not demos and sampler.missing:
         raise ValueError(f"the env's task has no scripted demonstrations for {sorted(sampler.missing)} "
                          "(task.demo_action returned None); give --demos FILE.jsonl instead")
-    stats = {"episodes": len(batch.episodes), "correct": correct, "kept": kept, "no_demo_roles": sorted(sampler.missing)}
+    stats = {"episodes": len(batch.episodes), "correct": correct, "kept": kept, "no_demo_roles": sorted(sampler.missing),
+             "overlong_prompts": {r: k for r, k in overlong.items() if k}}
     return demos, stats
 
 
@@ -336,7 +343,8 @@ def run_sft(config: SFTConfig, *, policy: Any = None, log: Callable[[str], None]
 
             raise ConfigError(f"roles {unknown} are not agents of {env_id} ({agents})")
         demos = [d for d in demos if d.role in set(config.roles)]
-    skipped: dict[str, int] = defaultdict(int)
+    skipped: dict[str, int] = defaultdict(int, {r: k for r, k in stats.get("overlong_prompts", {}).items()
+                                                 if not config.roles or r in config.roles})
     fit = []
     for d in demos:
         if len(d.prompt_ids) + len(d.response_ids) > config.max_context:

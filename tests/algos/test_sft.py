@@ -95,6 +95,20 @@ def test_scripted_demo_prompts_are_the_rollout_prompts():
     assert tok.decode(answer.response_ids, skip_special_tokens=True) == env.demo_action()
 
 
+def test_scripted_prompts_over_max_context_are_counted_not_lost():
+    policy = _policy("arith-calc-duo-v0")
+    env_fn = lambda: marft_envs.make("arith-calc-duo-v0")  # noqa: E731
+    demos, stats = scripted_demos(policy, env_fn, 2, seed=3, max_context=8)
+    # every prompt is over 8 tokens: both agents step with "", the episodes are wrong and dropped
+    assert demos == [] and stats["kept"] == 0 and stats["overlong_prompts"] == {"reasoner": 2, "actor": 2}
+    demos, stats = scripted_demos(policy, env_fn, 2, seed=3, max_context=8, only_correct=False)
+    assert demos == [] and stats["kept"] == 2 and stats["overlong_prompts"] == {"reasoner": 2, "actor": 2}
+    cfg = SFTConfig(env_id="arith-calc-duo-v0", demos="scripted", num_demos=2, model="tiny-random", device="cpu",
+                    max_context=8, only_correct=False)
+    with pytest.raises(ValueError, match="no demonstration to train on .0 gathered, 4 over max_context=8"):
+        run_sft(cfg, policy=policy, log=None)
+
+
 def test_the_loss_is_on_the_assistant_tokens_only():
     policy = _policy("echo-duo-v0")
     tok = policy.tokenizer("speaker")
