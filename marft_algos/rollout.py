@@ -43,6 +43,7 @@ __all__ = [
     "ContextOverflowError",
     "agent_reward_metrics",
     "component_and_route_metrics",
+    "overlong_counts",
     "overlong_summary",
     "warn_overlong",
     "RolloutCollector",
@@ -872,11 +873,13 @@ def warn_overlong(counters: dict[str, float], history: Sequence[dict[str, float]
         )
 
 
+def overlong_counts(metrics: dict[str, float], suffix: str = "") -> dict[str, int]:
+    """``{"writer": 6, "critic": 2}`` from ``agent/<a>/overlong<suffix>`` counters (agents that overflowed)."""
+    tail = f"/overlong{suffix}"
+    return {k[len("agent/"):-len(tail)]: int(v) for k, v in metrics.items()
+            if k.startswith("agent/") and k.endswith(tail) and v}
+
+
 def overlong_summary(metrics: dict[str, float], suffix: str = "") -> str:
     """``"writer 6, critic 2"`` from ``agent/<a>/overlong<suffix>`` counters ("" when none overflowed)."""
-    tail = f"/overlong{suffix}"
-    parts = [
-        f"{k[len('agent/'):-len(tail)]} {int(v)}" for k, v in metrics.items()
-        if k.startswith("agent/") and k.endswith(tail) and v
-    ]
-    return ", ".join(parts)
+    return ", ".join(f"{a} {n}" for a, n in overlong_counts(metrics, suffix).items())

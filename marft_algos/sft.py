@@ -47,7 +47,7 @@ from marft_algos.algos.grpo import GRPOConfig
 from marft_algos.checkpoint import run_config, save_checkpoint
 from marft_algos.config import ConfigError
 from marft_algos.policy_factory import make_policy
-from marft_algos.rollout import RolloutCollector
+from marft_algos.rollout import RolloutCollector, overlong_counts
 from marft_algos.seeding import seed_everything
 from marft_envs.tools.chat import literal_ids
 
@@ -196,11 +196,8 @@ def scripted_demos(policy: Any, env_fn: Callable[[], Any], n: int, *, seed: int 
     batch = col.collect(n)
     demos: list[Demo] = []
     kept = correct = 0
-    overlong: dict[str, int] = defaultdict(int)
     for ep in batch.episodes:
         correct += bool(ep.correct)
-        for t in ep.transitions:  # a prompt alone over max_context: stepped with "", never a demo
-            overlong[t.agent] += t.finish_reason == "overlong"
         if only_correct and not ep.correct:
             continue
         kept += 1
@@ -210,7 +207,7 @@ def scripted_demos(policy: Any, env_fn: Callable[[], Any], n: int, *, seed: int 
         raise ValueError(f"the env's task has no scripted demonstrations for {sorted(sampler.missing)} "
                          "(task.demo_action returned None); give --demos FILE.jsonl instead")
     stats = {"episodes": len(batch.episodes), "correct": correct, "kept": kept, "no_demo_roles": sorted(sampler.missing),
-             "overlong_prompts": {r: k for r, k in overlong.items() if k}}
+             "overlong_prompts": overlong_counts(batch.metrics)}  # the collector's per-agent count
     return demos, stats
 
 
