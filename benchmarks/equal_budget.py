@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` imp
 from benchmarks._common import json_option, markdown_table, versions, wilson, write_csv, write_json  # noqa: E402
 from marft_algos.cli import QUICKSTART_ARITH_LEVEL, QUICKSTART_RECIPE, QUICKSTART_SAMPLING  # noqa: E402
 
-__all__ = ["main", "build_parser", "paired_bootstrap", "fit_groups", "SYSTEMS", "System", "queue", "COMPARISONS", "tokens_to_target", "TABLE_COLUMNS", "DIFF_COLUMNS"]
+__all__ = ["main", "build_parser", "paired_bootstrap", "fit_groups", "SYSTEMS", "System", "queue", "COMPARISONS", "tokens_to_target", "TABLE_COLUMNS", "DIFF_COLUMNS", "PER_SEED_COLUMNS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +163,7 @@ CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r",
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
                  "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "eval_prompt_tokens_per_episode", "status"]
 DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]
+PER_SEED_COLUMNS = ["a", "b", "seed_a", "seed_b", "difference", "ci_low", "ci_high", "significant"]
 
 
 # --------------------------------------------------------------------------------------
@@ -313,10 +314,12 @@ def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Pa
 
 
 def _step_record(m: dict[str, Any], tokens: int, minutes: float) -> dict[str, Any]:
-    """The per-step metrics kept in a job's JSON (reward, tokens, per-agent grad norms, rollbacks, agent metrics)."""
+    """The per-step metrics kept in a job's JSON (reward, tokens, per-agent grad norms, rollbacks, agent metrics,
+    the KL to the reference and across the update)."""
     keep = {k: float(v) for k, v in m.items() if isinstance(v, int | float) and (
         k.startswith(("team/", "recovery/")) or k in ("rollout/tokens", "critic/grad_norm", "train/step")
-        or (k.startswith("agent/") and k.rsplit("/", 1)[-1] in ("reward", "grad_norm", "response_len", "entropy", "kl", "length_stop_frac")))}
+        or (k.startswith("agent/") and k.rsplit("/", 1)[-1] in ("reward", "grad_norm", "response_len", "entropy", "kl", "length_stop_frac",
+                                                                       "rollout_ref_kl", "update_kl", "ref_kl")))}
     keep["tokens_so_far"] = tokens
     keep["train_minutes"] = minutes
     return keep
@@ -697,6 +700,29 @@ def _diffs(runs: dict[str, list[dict[str, Any]]], reps: int, per_problem: Any = 
     return rows
 
 
+def _seed_pairs(ra: list[dict[str, Any]], rb: list[dict[str, Any]], b: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """A's records paired with B's of the same seed; a greedy untrained B (recorded once) pairs with every seed of A."""
+    by_seed = {r["seed"]: r for r in rb}
+    once = rb[0] if len(rb) == 1 and not BY_NAME[b].trained and not BY_NAME[b].majority else None
+    return [(x, by_seed.get(x["seed"], once)) for x in ra if x["seed"] in by_seed or once is not None]
+
+
+def _per_seed_diffs(runs: dict[str, list[dict[str, Any]]], reps: int) -> list[dict[str, Any]]:
+    """:data:`COMPARISONS` one training seed at a time: is a pooled difference carried by every seed, or by one?
+
+    Only the comparisons where a side has several seeds (otherwise the row equals the pooled one).
+    """
+    rows = []
+    for a, b in COMPARISONS:
+        ra, rb = runs.get(a, []), runs.get(b, [])
+        if len(ra) < 2 and len(rb) < 2:
+            continue
+        for x, y in _seed_pairs(ra, rb, b):
+            d = paired_bootstrap(np.array([x["correct_per_problem"]]), np.array([y["correct_per_problem"]]), reps=reps)
+            rows.append({"a": a, "b": b, "seed_a": x["seed"], "seed_b": y["seed"], **d, "significant": "yes" if _significant(d) else "no"})
+    return rows
+
+
 def _warm_starts(runs: dict[str, list[dict[str, Any]]], reps: int) -> list[dict[str, Any]]:
     """Per warm system: held-out accuracy on its SFT adapters and after RL, and the paired RL - SFT difference."""
     rows = []
@@ -755,8 +781,9 @@ def _per_agent(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         agents = sorted({k.split("/")[1] for r in recs for k in r["curve"][0] if k.startswith("agent/")})
         for a in agents:
             row: dict[str, Any] = {"system": s.name, "agent": a}
-            # not "kl": that is the KL to the rollout policy, ~0 with one PPO epoch by construction
-            for m in ("reward", "response_len", "entropy", "grad_norm"):
+            # not "kl": that is the KL to the rollout policy, ~0 with one PPO epoch by construction;
+            # rollout_ref_kl (KL to the reference, measured before each update) only in jobs that recorded it
+            for m in ("reward", "response_len", "entropy", "grad_norm", "rollout_ref_kl"):
                 first = [r["curve"][0].get(f"agent/{a}/{m}") for r in recs]
                 last = [r["curve"][-1].get(f"agent/{a}/{m}") for r in recs]
                 if None not in first and None not in last:
@@ -849,6 +876,10 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
         + "\n\n## Per-agent view (training metrics, first step -> last step, mean over seeds)\n\n"
         + (markdown_table(agents, agent_cols) if agents else "no trained run yet") + "\n"
     )
+    per_seed = _per_seed_diffs(runs, args.bootstrap)
+    if per_seed:
+        text += ("\n## Paired differences per seed (seed k of A - seed k of B; an untrained greedy B, recorded once, against every seed of A)\n\n"
+                 + markdown_table(per_seed, PER_SEED_COLUMNS) + "\n")
     efficiency = _efficiency(runs, _target(runs, args))
     if efficiency:
         text += (f"\n## Sample efficiency: generated training tokens until held-out accuracy (first {args.curve_eval_n} test problems, "
@@ -865,7 +896,7 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
                  + markdown_table(means, ["system", "mean_score"]) + "\n\n" + markdown_table(score_diffs, DIFF_COLUMNS) + "\n")
     (out / "equal_budget.md").write_text(text)
     write_csv(out / "equal_budget.csv", rows, TABLE_COLUMNS)
-    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents, "efficiency": efficiency, "warm_starts": warm,
+    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents, "efficiency": efficiency, "warm_starts": warm, "per_seed_differences": per_seed,
                                            "versions": meta, "settings": {k: v for k, v in vars(args).items() if k != "job"}})
     _plot(out, runs)
     return text

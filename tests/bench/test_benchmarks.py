@@ -443,6 +443,8 @@ def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
     assert rec["curve"][-1]["tokens_so_far"] == rec["train_tokens"]
     assert len(rec["correct_per_problem"]) == 3 and set(rec["correct_per_problem"]) <= {0, 1}
     assert rec["config"]["normalize_advantages"] == "agent" and rec["config"]["group_size"] == 2
+    # the KL to the reference policy (before the update) and across the update are kept per agent and step
+    assert {f"agent/{a}/{k}" for a in ("reasoner", "actor") for k in ("rollout_ref_kl", "update_kl")} <= set(rec["curve"][0])
     majk = json.loads((out / "runs" / "solo-majk" / "seed0.json").read_text())
     assert majk["k"] >= 3 and len(majk["correct_per_problem"]) == 3
     assert not (out / "runs" / "untrained-duo" / "seed1.json").exists()  # greedy: one job
@@ -457,6 +459,8 @@ def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
     diff = next(d for d in report["differences"] if d["a"] == "duo-grpo" and d["b"] == "untrained-duo")
     assert diff["ci_low"] <= diff["difference"] <= diff["ci_high"] and diff["seeds_a"] == 2
     assert (out / "equal_budget.png").is_file() and "not run" in (out / "equal_budget.md").read_text()
+    per_seed = [d for d in report["per_seed_differences"] if d["a"] == "duo-grpo" and d["b"] == "untrained-duo"]
+    assert [(d["seed_a"], d["seed_b"]) for d in per_seed] == [(0, 0), (1, 0)] and "per seed" in (out / "equal_budget.md").read_text()
     assert rec["eval"]["score_per_problem"] == [float(c) for c in rec["correct_per_problem"]]  # arith: the score is correctness
     assert report["score_differences"] == [] and "grader's score" not in (out / "equal_budget.md").read_text()
     # a grader with partial credit (RAG's answer F1): a second table of paired differences on the score
@@ -471,6 +475,27 @@ def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
     other = np.mean(json.loads((out / "runs" / "duo-grpo" / "seed1.json").read_text())["correct_per_problem"])
     assert d["difference"] == pytest.approx((np.mean([0.5, 0.25, 1.0]) + other) / 2 - np.mean(untrained))
     assert "grader's score" in (out / "equal_budget.md").read_text()
+
+
+def test_equal_budget_per_seed_differences_pair_seeds_and_reuse_a_greedy_baseline(eb: ModuleType) -> None:
+    """Seed k of A against seed k of B; a seed B lacks is left out; the untrained greedy duo (one record) meets every seed."""
+    def rec(seed: int, correct: list[int]) -> dict:
+        return {"seed": seed, "correct_per_problem": correct}
+
+    runs = {"duo-grpo": [rec(0, [1, 1, 0, 0]), rec(1, [1, 0, 0, 0]), rec(2, [1, 1, 1, 1])],
+            "solo-grpo": [rec(0, [0, 0, 0, 0]), rec(2, [1, 1, 1, 1])], "untrained-duo": [rec(0, [1, 0, 0, 0])],
+            "solo-majk": [rec(0, [1, 1, 1, 1])]}
+    rows = eb._per_seed_diffs(runs, reps=200)
+    got = {(r["a"], r["b"], r["seed_a"], r["seed_b"]): r for r in rows}
+    assert set(got) >= {("duo-grpo", "solo-grpo", 0, 0), ("duo-grpo", "solo-grpo", 2, 2), ("duo-grpo", "untrained-duo", 1, 0)}
+    assert ("duo-grpo", "solo-grpo", 1, 1) not in got  # solo has no seed 1
+    assert not any(k[:2] == ("duo-grpo", "solo-majk") and k[2] != 0 for k in got)  # maj@k samples per seed: no reuse
+    assert got[("duo-grpo", "solo-grpo", 0, 0)]["difference"] == pytest.approx(0.5)
+    same = got[("duo-grpo", "solo-grpo", 2, 2)]
+    assert (same["difference"], same["ci_low"], same["ci_high"], same["significant"]) == (0.0, 0.0, 0.0, "no")
+    shift = got[("duo-grpo", "untrained-duo", 2, 0)]  # 3 more right of 4 on the same problems
+    assert shift["difference"] == pytest.approx(0.75) and shift["ci_low"] > 0 and shift["significant"] == "yes"
+    assert not any(k[:2] == ("solo-majk", "untrained-solo") for k in got)  # one record a side: the pooled row says it
 
 
 def test_equal_budget_adopts_a_running_job_by_its_pid_file(eb: ModuleType, tmp_path: Path) -> None:
