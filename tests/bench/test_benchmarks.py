@@ -484,7 +484,7 @@ def test_equal_budget_per_seed_differences_pair_seeds_and_reuse_a_greedy_baselin
 
     runs = {"duo-grpo": [rec(0, [1, 1, 0, 0]), rec(1, [1, 0, 0, 0]), rec(2, [1, 1, 1, 1])],
             "solo-grpo": [rec(0, [0, 0, 0, 0]), rec(2, [1, 1, 1, 1])], "untrained-duo": [rec(0, [1, 0, 0, 0])],
-            "solo-majk": [rec(0, [1, 1, 1, 1])]}
+            "solo-majk": [rec(0, [1, 1, 1, 1])], "untrained-solo": [rec(0, [0, 1, 0, 0])]}
     rows = eb._per_seed_diffs(runs, reps=200)
     got = {(r["a"], r["b"], r["seed_a"], r["seed_b"]): r for r in rows}
     assert set(got) >= {("duo-grpo", "solo-grpo", 0, 0), ("duo-grpo", "solo-grpo", 2, 2), ("duo-grpo", "untrained-duo", 1, 0)}
