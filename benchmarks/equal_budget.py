@@ -150,7 +150,9 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, "solo-grpo-warm") for d in ("duo-grpo-warm", "duo-marft-action-warm", *_BRANCHED[2:])],
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
     *[(s.name, s.cold) for s in SYSTEMS if s.cold],
-    ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"),
+    ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"), ("duo-grpo-warm-kl", "duo-marft-action"),
+    # did training the team move it at all? (the untrained duo is the floor every team starts from)
+    *[(d, "untrained-duo") for d in (*_BRANCHED[:2], "duo-grpo-warm-kl")],
     ("duo-marft-action-answer", "duo-marft-action"), ("duo-marft-action-answer", "solo-grpo"),
     ("duo-marft-action-answer", "untrained-duo-answer"), ("untrained-duo-answer", "untrained-duo"), ("untrained-duo-record", "untrained-duo"),
     *[(d, "solo-majk") for d in _BRANCHED],
