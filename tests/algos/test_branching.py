@@ -206,8 +206,8 @@ def test_marft_action_tree_values_replace_the_gae():
     t.collector.policy = Decides("speaker")
     batch = t.collector.collect()
     t.estimate(batch)
-    # speaker: return-to-go = 0.9 * 1 (the listener's step scores) or 0 -> V(root) = 0.45 per root copy... the two
-    # root copies of one problem are siblings: Q = 0.9, 0, 0.9, 0 -> A = +-0.45; listener: A = 0, target Q = 1 or 0
+    # speaker: return-to-go = 0.9 * 1 (the listener's step scores) or 0. MARFT's group_size is 1, so each of the two env
+    # copies is its own tree, with 2 speaker siblings: Q = 0.9 and 0, V(root) = 0.45 -> A = +-0.45; listener: A = 0, target Q = 1 or 0
     sp = [tr for tr in batch.transitions if tr.agent == "speaker"]
     li = [tr for tr in batch.transitions if tr.agent == "listener"]
     assert sorted(tr.advantage for tr in sp) == pytest.approx([-0.45, -0.45, 0.45, 0.45])
