@@ -46,7 +46,7 @@ def _play_scripted(env):
     return texts
 
 
-@pytest.mark.parametrize("env_id", ["arith-duo-v0", "arith-calc-duo-v0", "arith-solo-v0", "rag-solo-v0", "rag-quartet-v0"])
+@pytest.mark.parametrize("env_id", ["arith-duo-v0", "arith-calc-duo-v0", "arith-solo-v0", "arith-routed-v0", "arith-planner-v0", "rag-solo-v0", "rag-quartet-v0"])
 def test_scripted_policies_solve_their_envs(env_id):
     for seed in range(4):
         env = marft_envs.make(env_id)
@@ -67,6 +67,19 @@ def test_scripted_demos_use_the_tools_and_a_short_reasoning_format():
     texts = _play_scripted(env)
     assert '"name": "search"' in texts[0][1] and texts[-1][1] == f"Answer: {env.problem.answer}"
     assert marft_envs.make("echo-duo-v0").task.__class__.__dict__.get("demo_action") is None
+
+
+def test_scripted_routers_reach_every_role():
+    env = marft_envs.make("arith-planner-v0")
+    env.reset(seed=0)
+    texts = _play_scripted(env)
+    assert [a for a, _ in texts] == ["planner", "solver", "planner", "checker", "planner"]
+    assert texts[0][1] == "ROUTE: solver" and texts[-1][1].endswith("ROUTE: done") and env.graded["grade"]["correct"]
+    env = marft_envs.make("arith-routed-v0")
+    env.reset(seed=0)
+    assert [a for a, _ in _play_scripted(env)] == ["orchestrator", "algebra"]  # arithmetic is the algebra specialist's
+    demos, stats = scripted_demos(_policy("arith-planner-v0"), lambda: marft_envs.make("arith-planner-v0"), 2, seed=0)
+    assert stats["kept"] == 2 and stats["no_demo_roles"] == [] and {d.role for d in demos} == {"planner", "solver", "checker"}
 
 
 def test_scripted_demo_prompts_are_the_rollout_prompts():
