@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 from marft_algos.checkpoint import CheckpointError, find_checkpoint
 from marft_algos.config import ConfigError, TrainConfig
 from marft_algos.fsdp import PolicySharding
+from marft_algos.rundir import ENV_RECORD_KEY, env_changes, env_record
 
 __all__ = ["check_frozen_apart", "check_policy", "load_init", "make_policy", "policy_device", "shard_policy"]
 
@@ -91,8 +93,31 @@ def load_init(policy: Any, source: str, config: TrainConfig | None = None) -> Pa
                         f"alpha={policy.lora.alpha} here (set lora_r / lora_alpha to match)")
     if problems:
         raise ConfigError(f"init_from={source!r} does not fit this run: " + "; ".join(problems))
+    if config is not None:
+        _warn_other_env(source, [path / "config.json", pdir.parent / "config.json"], config)
     policy.load(pdir)
     return pdir
+
+
+def _warn_other_env(source: str, candidates: Sequence[Path], config: TrainConfig) -> None:
+    """Warn when the weights were trained on another env or env settings than this run's: the
+    SFT prompts then are not the rollout's (allowed, as a warm start across envs may be meant)."""
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None or not getattr(config, "env_id", None):
+        return
+    try:
+        saved = json.loads(found.read_text())
+    except (OSError, ValueError):
+        return
+    lines = []
+    if saved.get("env_id") and saved["env_id"] != config.env_id:
+        lines.append(f"env {saved['env_id']!r} there, {config.env_id!r} here")
+    else:
+        lines += env_changes(saved.get(ENV_RECORD_KEY), env_record(config.env_id, config.env_kwargs))
+    if lines:
+        warnings.warn(f"init_from={source!r} was trained on another environment than this run's ("
+                      + "; ".join(lines) + "): its prompts differ from this run's; give --env / --env-kwargs "
+                      "as `marft sft` had them if that is not meant", UserWarning, stacklevel=3)
 
 
 def check_policy(config: TrainConfig, policy: Any, agents: Sequence[str], *, reference: bool) -> None:

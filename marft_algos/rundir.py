@@ -257,7 +257,7 @@ def resume_changes(saved: dict[str, Any], config: Any, *, saved_agents: list[str
     :data:`FIXED_ON_RESUME`; also the team, when both agent lists are given); returns the
     other changes (applied by the resumed run). ``out_dir`` is not compared.
     """
-    env_lines = _env_changes(saved.get(ENV_RECORD_KEY), env_record(config.env_id, config.env_kwargs)) \
+    env_lines = env_changes(saved.get(ENV_RECORD_KEY), env_record(config.env_id, config.env_kwargs)) \
         if ENV_RECORD_KEY in saved else []
     saved = {k: v for k, v in saved.items() if k != ENV_RECORD_KEY}
     old, new = _normalised(saved, config), config.to_dict()
@@ -331,7 +331,7 @@ def env_record(env_id: str, env_kwargs: dict[str, Any] | None) -> dict[str, Any]
     return json.loads(json.dumps({"kwargs": resolved, "sources": sources}, sort_keys=True, default=repr))
 
 
-def _env_changes(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> list[str]:
+def env_changes(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> list[str]:
     """Lines naming what changed in the env between a checkpoint and the resuming run."""
     if not isinstance(saved, dict) or now is None:  # a checkpoint from before the record
         return []

@@ -5,6 +5,7 @@ builds prompts, the masked LM loss on assistant tokens only, a run dir that `mar
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -173,8 +174,15 @@ def test_sft_learns_the_demos_and_writes_a_run_dir_that_init_and_eval_load(tmp_p
         assert result.losses[role][-1] < 0.5 * result.first_loss[role]
     assert (out / "sft.json").is_file() and json.loads((out / "config.json").read_text())["algo"] == "grpo"
     saved = result.checkpoint
-    # RL starts from those adapters (init_from), evaluation loads them as a checkpoint
-    rl = make_policy(GRPOConfig(env_id="echo-duo-v0", model="tiny-random", device="cpu", init_from=str(out)), ["speaker", "listener"])
+    # RL starts from those adapters (init_from), evaluation loads them as a checkpoint; same env: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rl = make_policy(GRPOConfig(env_id="echo-duo-v0", model="tiny-random", device="cpu", init_from=str(out)), ["speaker", "listener"])
+    # other env settings than the SFT's (its prompts are not this run's): loaded, with a warning that names them
+    for source in (out, saved):
+        with pytest.warns(UserWarning, match=r"another environment.*vocabulary"):
+            make_policy(GRPOConfig(env_id="echo-duo-v0", env_kwargs={"vocabulary": ["red", "blue"]}, model="tiny-random", device="cpu",
+                                   init_from=str(source)), ["speaker", "listener"])
     fresh = make_policy(GRPOConfig(env_id="echo-duo-v0", model="tiny-random", device="cpu"), ["speaker", "listener"])
     from marft_algos.evaluation.policies import checkpoint_policy
 
