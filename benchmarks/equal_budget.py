@@ -345,9 +345,10 @@ def run_job(system: System, seed: int, args: argparse.Namespace, out: Path) -> d
         rec["eval"] = _heldout(policy, env_id, rec["env_kwargs"], args)
         rec.update(train_tokens=0, steps=0, train_minutes=0.0, curve=[])
     else:
-        rec.update(_train(system, seed, args, out, env_id))
-    rec["job_minutes"] = (time.perf_counter() - t_job) / 60
-    rec["job_cpu_minutes"] = (time.process_time() - cpu_job) / 60  # on a shared CPU, wall clock overstates the cost
+        rec.update(_train(system, seed, args, out, env_id, (t_job, cpu_job)))
+    # a resumed job adds the time its earlier processes spent up to their last checkpoint (what the resume kept)
+    rec["job_minutes"] = (time.perf_counter() - t_job) / 60 + rec.get("job_minutes_before_resume", 0.0)
+    rec["job_cpu_minutes"] = (time.process_time() - cpu_job) / 60 + rec.get("job_cpu_minutes_before_resume", 0.0)  # on a shared CPU, wall clock overstates the cost
     rec["correct_per_problem"] = rec["eval"]["correct_per_problem"]
     rec["accuracy"] = float(np.mean(rec["correct_per_problem"])) if rec["correct_per_problem"] else float("nan")
     return rec
@@ -391,13 +392,17 @@ def _curve_due(before: int, after: int, every: int) -> bool:
     return every > 0 and after // every > before // every
 
 
-def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_id: str) -> dict[str, Any]:
-    """Train one job to the token budget, checkpointing every ``--checkpoint-every`` steps; the job's fields."""
+def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_id: str, started: tuple[float, float]) -> dict[str, Any]:
+    """Train one job to the token budget, checkpointing every ``--checkpoint-every`` steps; the job's fields.
+
+    ``started``: the job process's ``(perf_counter, process_time)`` at its start; each checkpoint's
+    progress keeps the job's wall and CPU time so far, so a resumed job's minutes cover every process."""
     run_dir = out / "rundirs" / system.name / f"seed{seed}"
     env_kwargs = _env_kwargs(system, args)
     spec, config = _config(system, seed, args, run_dir, out)
     trainer = spec.trainer_cls(config)
     prog = _resume(trainer, run_dir)
+    wall_before, cpu_before = prog.get("job_wall", 0.0), prog.get("job_cpu", 0.0)
     if system.warm and prog["step"] == 0 and "init_eval" not in prog:  # after SFT, before RL: splits warm - cold into what SFT and RL each did
         prog["init_eval"] = _init_eval(trainer.policy, env_id, env_kwargs, args)
         if args.curve_every_tokens:
@@ -420,12 +425,15 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
             ev = _heldout(trainer.policy, env_id, env_kwargs, args, n=args.curve_eval_n)
             prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
         if args.checkpoint_every and trainer.global_step % args.checkpoint_every == 0:
+            prog["job_wall"] = wall_before + time.perf_counter() - started[0]
+            prog["job_cpu"] = cpu_before + time.process_time() - started[1]
             _save_progress(trainer, run_dir, prog)
     if trainer.logger is not None:
         trainer.logger.flush()
     rec: dict[str, Any] = dict(
         train_tokens=prog["tokens"], steps=trainer.global_step, train_groups=prog["groups"], train_minutes=prog["spent"] / 60,
         train_cpu_minutes=prog["cpu"] / 60, curve=prog["curve"], resumed_at=prog.get("resumed_at"),
+        job_minutes_before_resume=wall_before / 60, job_cpu_minutes_before_resume=cpu_before / 60,
         config={k: v for k, v in config.to_dict().items() if k in CONFIG_KEPT})
     rec["eval"] = _heldout(trainer.policy, env_id, env_kwargs, args)
     if args.curve_every_tokens:  # the final point, on the curve's own problem set

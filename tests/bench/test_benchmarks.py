@@ -569,10 +569,13 @@ def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleTy
     assert eb.main([*base, "--token-budget", "24", "--max-steps", "1", "--out", str(out)]) == 0
     prog = json.loads((out / "rundirs" / "duo-grpo" / "seed0" / "progress.json").read_text())
     assert prog["step"] == 1 and (out / "rundirs" / "duo-grpo" / "seed0" / "checkpoints" / "step-00000001").is_dir()
+    assert prog["job_cpu"] > 0 and prog["job_wall"] > 0  # the first process's time, kept for the resumed job's minutes
     (out / "runs" / "duo-grpo" / "seed0.json").unlink()  # as if the job had died before writing its result
     assert eb.main([*base, "--token-budget", "24", "--out", str(out)]) == 0
     resumed = json.loads((out / "runs" / "duo-grpo" / "seed0.json").read_text())
     assert resumed["resumed_at"] == [1]
+    assert resumed["job_minutes_before_resume"] == pytest.approx(prog["job_wall"] / 60)
+    assert resumed["job_minutes"] > resumed["job_minutes_before_resume"] > 0 and resumed["job_cpu_minutes"] > resumed["job_cpu_minutes_before_resume"] > 0
     assert (resumed["steps"], resumed["train_tokens"]) == (whole["steps"], whole["train_tokens"])
     assert [c["team/reward"] for c in resumed["curve"]] == [c["team/reward"] for c in whole["curve"]]
     assert resumed["correct_per_problem"] == whole["correct_per_problem"]
