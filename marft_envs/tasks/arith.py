@@ -134,9 +134,11 @@ def _scripted_route(env: Any, agent: str, result: str) -> str | None:
     if agent != getattr(topology, "orchestrator", None):
         return None
     if isinstance(topology, MultiHopRouted):
-        acted = {a for a, _ in env.executed}
+        acted = [a for a, _ in env.executed if a != topology.orchestrator]
         pending = [s for s in topology.specialists if s not in acted]
-        return f"ROUTE: {pending[0]}" if pending else f"\\boxed{{{result}}}\nROUTE: done"
+        if pending and len(acted) < topology.max_hops:  # hops left: the next specialist not yet asked
+            return f"ROUTE: {pending[0]}"
+        return f"\\boxed{{{result}}}\nROUTE: done"
     if isinstance(topology, Routed):
         return f"ROUTE: {topology.default}"
     return None

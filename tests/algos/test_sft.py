@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,6 +80,12 @@ def test_scripted_routers_reach_every_role():
     env = marft_envs.make("arith-routed-v0")
     env.reset(seed=0)
     assert [a for a, _ in _play_scripted(env)] == ["orchestrator", "algebra"]  # arithmetic is the algebra specialist's
+    one_hop = json.loads((Path(marft_envs.__file__).parent / "profiles" / "planner.json").read_text())
+    one_hop["topology"]["max_hops"] = 1
+    env = marft_envs.make("arith-planner-v0", profiles=one_hop)
+    env.reset(seed=0)  # one hop: the planner answers once it is spent, rather than routing past the budget
+    texts = _play_scripted(env)
+    assert [a for a, _ in texts] == ["planner", "solver", "planner"] and env.graded["grade"]["correct"]
     demos, stats = scripted_demos(_policy("arith-planner-v0"), lambda: marft_envs.make("arith-planner-v0"), 2, seed=0)
     assert stats["kept"] == 2 and stats["no_demo_roles"] == [] and {d.role for d in demos} == {"planner", "solver", "checker"}
 
@@ -223,7 +230,6 @@ def test_cli_sft_then_train_init(tmp_path, capsys):
 
 def test_warmstart_benchmark_runs_on_the_tiny_model(tmp_path):
     import importlib.util
-    from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "sft_warmstart.py"
     spec = importlib.util.spec_from_file_location("_bench_sft_warmstart", path)
