@@ -145,7 +145,9 @@ def test_failed_resume_leaves_the_run_dir_as_it_was(tmp_path, capsys):
     assert _snapshot(out) == before  # metrics.jsonl, tb/, config.json as they were
 
 
-def test_failed_start_leaves_no_stub_dir(tmp_path, capsys):
+def test_failed_start_leaves_no_stub_dir(tmp_path, capsys, monkeypatch):
+    # offline mode: the Hub lookup fails at once instead of after ~45 s of connection retries on a machine without it
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     out = tmp_path / "new"
     assert main([*IPPO, "--steps", "1", "--out", str(out), "--model", "no-such-model-here"]) == 2
     assert "cannot load model 'no-such-model-here'" in capsys.readouterr().err
