@@ -120,6 +120,7 @@ from marft_envs.rewards import RewardConfig
 from marft_envs.tasks import resolve_task_class
 from marft_envs.tasks.base import GradeResult, Problem, Task
 from marft_envs.tools.loop import ToolLoop
+from marft_envs.topology import MultiHopRouted
 
 __all__ = ["ResetNeededError", "TextTeamEnv", "check_grade_result", "env", "raw_env", "sanitize_action"]
 
@@ -413,14 +414,22 @@ class TextTeamEnv(TextAECEnv):
         """A demonstration of a good action for ``agent`` (default: the agent to act), from
         the task's scripted policy (``task.demo_action(env, agent)``), or None when the task
         has none. What SFT warm starts train on (``marft sft --demos scripted``, docs/sft.md):
-        e.g. a correct calculator call, then the boxed result."""
+        e.g. a correct calculator call, then the boxed result. On a routed team the
+        orchestrator's route is the topology's (``topology.demo_route``), so every role is
+        reached: ``ROUTE: <specialist>``, or the task's answer ending ``ROUTE: done``."""
         self._require_reset("demo_action()")
         agent = agent if agent is not None else self.agent_selection
         hook = getattr(self.task, "demo_action", None)
         if not callable(hook):
             return None
+        demo_route = getattr(self.team.topology, "demo_route", None)
+        target = demo_route(agent, self._executed) if callable(demo_route) else None
+        if target is not None and target != MultiHopRouted.DONE:
+            return f"ROUTE: {target}"
         text = hook(self, agent)
-        return text if isinstance(text, str) else None
+        if not isinstance(text, str):
+            return None
+        return text if target is None else f"{text}\nROUTE: {target}"
 
     # -------------------------------------------------------------------- step
     def _next_agent(self) -> str:

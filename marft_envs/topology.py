@@ -419,6 +419,11 @@ class Routed(Topology):
         close = difflib.get_close_matches(first, list(self._by_norm), n=1, cutoff=0.8)
         return self._by_norm[close[0]] if close else None
 
+    def demo_route(self, agent: str, executed: Executed) -> str | None:
+        """Where a scripted orchestrator routes (SFT demonstrations): the default specialist;
+        None for any other agent."""
+        return self.default if agent == self.orchestrator else None
+
     def next_agent(self, executed: Executed) -> str | None:
         """Orchestrator, then the routed specialist (parsed from its text), then the finisher."""
         if not executed:
@@ -559,6 +564,16 @@ class MultiHopRouted(SeeAll):
 
     def _hops(self, executed: Executed) -> int:
         return sum(1 for a, _ in executed if a != self.orchestrator)
+
+    def demo_route(self, agent: str, executed: Executed) -> str | None:
+        """Where a scripted orchestrator routes (SFT demonstrations): each specialist not yet
+        asked this turn, in order, while hops are left, then ``"done"`` (it answers); None for
+        any other agent."""
+        if agent != self.orchestrator:
+            return None
+        asked = {a for a, _ in executed}
+        pending = [s for s in self.specialists if s not in asked]
+        return pending[0] if pending and self._hops(executed) < self.max_hops else self.DONE
 
     def next_agent(self, executed: Executed) -> str | None:
         """Orchestrator first and after every specialist; a specialist when it routes and

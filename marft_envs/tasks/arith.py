@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 
 from marft_envs.tasks.base import GradeResult, Problem, Task
-from marft_envs.topology import MultiHopRouted, Routed
 
 __all__ = ["ArithTask", "extract_final_number"]
 
@@ -126,22 +125,6 @@ def _reasoning(expr: str, result: str) -> str:
         mid = a + tens if op == "+" else a - tens
         return f"{expr}: {a} {op} {tens} = {mid}, {mid} {op} {ones} = {result}. So {expr} = {result}."
     return f"Compute {expr} step by step. So {expr} = {result}."
-
-
-def _scripted_route(env: Any, agent: str, result: str) -> str | None:
-    """The scripted orchestrator's reply on a routed team, or None when ``agent`` routes nothing."""
-    topology = env.team.topology
-    if agent != getattr(topology, "orchestrator", None):
-        return None
-    if isinstance(topology, MultiHopRouted):
-        acted = [a for a, _ in env.executed if a != topology.orchestrator]
-        pending = [s for s in topology.specialists if s not in acted]
-        if pending and len(acted) < topology.max_hops:  # hops left: the next specialist not yet asked
-            return f"ROUTE: {pending[0]}"
-        return f"\\boxed{{{result}}}\nROUTE: done"
-    if isinstance(topology, Routed):
-        return f"ROUTE: {topology.default}"
-    return None
 
 
 class ArithTask(Task):
@@ -262,17 +245,12 @@ class ArithTask(Task):
 
         An agent with the ``calculator`` tool and no result yet this turn calls it on the
         expression; an answering agent gives the boxed result; any other agent writes the
-        short reasoning format ``a - b: a - 10 = x, x - 8 = y. So a - b = y.``. A routing
-        orchestrator routes, so that every role of a routed team is reached: a one-hop router
-        to its default specialist, a multi-hop planner to each specialist in turn, then it
-        answers with ``ROUTE: done``."""
+        short reasoning format ``a - b: a - 10 = x, x - 8 = y. So a - b = y.`` (a routing
+        orchestrator's route lines are the env's: :meth:`TextTeamEnv.demo_action`)."""
         problem = getattr(env, "problem", None)
         if problem is None:
             return None
         expr, result = problem.meta.get("expression", ""), problem.answer
-        route = _scripted_route(env, agent, result)
-        if route is not None:
-            return route
         tools = [t.name for t in env.tool_loop.tools.get(agent, ())] if hasattr(env, "tool_loop") else []
         called = any(m.get("role") == "tool" for m in env.tool_loop.transcript(agent)) if tools else False
         if "calculator" in tools and not called:
