@@ -416,7 +416,8 @@ class TextTeamEnv(TextAECEnv):
         has none. What SFT warm starts train on (``marft sft --demos scripted``, docs/sft.md):
         e.g. a correct calculator call, then the boxed result. On a routed team the
         orchestrator's route is the topology's (``topology.demo_route``), so every role is
-        reached: ``ROUTE: <specialist>``, or the task's answer ending ``ROUTE: done``."""
+        reached: ``ROUTE: <specialist>``, or the task's answer ending ``ROUTE: done`` (the
+        topology's ``route_line``: its ``route_format``, checked against its ``route_pattern``)."""
         self._require_reset("demo_action()")
         agent = agent if agent is not None else self.agent_selection
         hook = getattr(self.task, "demo_action", None)
@@ -424,12 +425,13 @@ class TextTeamEnv(TextAECEnv):
             return None
         demo_route = getattr(self.team.topology, "demo_route", None)
         target = demo_route(agent, self._executed) if callable(demo_route) else None
+        line = self.team.topology.route_line(target) if target is not None else None
         if target is not None and target != MultiHopRouted.DONE:
-            return f"ROUTE: {target}"
+            return line
         text = hook(self, agent)
         if not isinstance(text, str):
             return None
-        return text if target is None else f"{text}\nROUTE: {target}"
+        return text if line is None else f"{text}\n{line}"
 
     # -------------------------------------------------------------------- step
     def _next_agent(self) -> str:

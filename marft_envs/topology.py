@@ -150,12 +150,19 @@ class SeeAll(Topology):
         return list(self.agents)
 
 
-def _routed_dict(kind: str, fields: dict[str, Any], route_pattern: str) -> dict[str, Any]:
-    """The JSON form of a routed topology: ``route_pattern`` only when not the default."""
+def _routed_dict(kind: str, fields: dict[str, Any], route_pattern: str, route_format: str) -> dict[str, Any]:
+    """The JSON form of a routed topology: ``route_pattern`` and ``route_format`` only when not the defaults."""
     d: dict[str, Any] = {"type": kind, **fields}
     if route_pattern != Routed.DEFAULT_PATTERN:
         d["route_pattern"] = route_pattern
+    if route_format != Routed.DEFAULT_FORMAT:
+        d["route_format"] = route_format
     return d
+
+
+def _check_route_format(route_format: str) -> None:
+    if not isinstance(route_format, str) or route_format.count("{}") != 1:
+        raise TopologyError(f"route_format must be a string with one '{{}}' for the target, got {route_format!r}")
 
 
 def _unique(names: Iterable[str], what: str) -> tuple[str, ...]:
@@ -356,11 +363,16 @@ class Routed(Topology):
     ``"ROUTE: nonsense ... geometry"``). Anything else is *unparsed*: the turn
     goes to ``default`` (the first specialist unless given), and the
     environment flags ``"route_unparsed"`` in ``info``, counts it and logs it.
+
+    ``route_format`` is how a scripted orchestrator writes a route (the SFT
+    demonstrations of ``TextTeamEnv.demo_action``), ``"ROUTE: {}"`` by default; with a
+    custom ``route_pattern``, give the format your pattern reads.
     """
 
     is_static = False
     # One character-class run between "route" and the name keeps matching linear.
     DEFAULT_PATTERN = r"\broute(?:\s+to\b)?[\s:=\-*_`\"'\[(<]*([A-Za-z][\w \-]{0,40})"
+    DEFAULT_FORMAT = "ROUTE: {}"
 
     def __init__(
         self,
@@ -370,6 +382,7 @@ class Routed(Topology):
         *,
         route_pattern: str = DEFAULT_PATTERN,
         default: str | None = None,
+        route_format: str = DEFAULT_FORMAT,
     ):
         specialists = _unique(specialists, "specialist")
         if not specialists:
@@ -381,6 +394,8 @@ class Routed(Topology):
         self.finisher = finisher
         self.route_pattern = route_pattern
         self._route_re = re.compile(route_pattern, re.IGNORECASE)
+        _check_route_format(route_format)
+        self.route_format = route_format
         if default is not None and default not in specialists:
             raise TopologyError(f"default route {default!r} is not a specialist {list(specialists)}")
         self.default = default or specialists[0]
@@ -423,6 +438,18 @@ class Routed(Topology):
         """Where a scripted orchestrator routes (SFT demonstrations): the default specialist;
         None for any other agent."""
         return self.default if agent == self.orchestrator else None
+
+    def route_line(self, target: str) -> str:
+        """The line a scripted orchestrator writes to route to ``target`` (``route_format``),
+        checked to parse back to it: a custom ``route_pattern`` needs its own ``route_format``."""
+        line = self.route_format.format(target)
+        decision = self.route(line)
+        if (decision.target, decision.status) != (target, "ok"):
+            raise TopologyError(
+                f"the route line {line!r} (route_format {self.route_format!r}) does not parse to {target!r} "
+                f"under route_pattern {self.route_pattern!r}; pass a route_format your pattern reads"
+            )
+        return line
 
     def next_agent(self, executed: Executed) -> str | None:
         """Orchestrator, then the routed specialist (parsed from its text), then the finisher."""
@@ -471,7 +498,7 @@ class Routed(Topology):
         """``{"type": "routed", ...}`` (``route_pattern`` only when not the default)."""
         fields = {"orchestrator": self.orchestrator, "specialists": list(self.specialists),
                   "finisher": self.finisher, "default": self.default}
-        return _routed_dict("routed", fields, self.route_pattern)
+        return _routed_dict("routed", fields, self.route_pattern, self.route_format)
 
     def __repr__(self) -> str:
         return (
@@ -520,6 +547,7 @@ class MultiHopRouted(SeeAll):
         *,
         max_hops: int = 3,
         route_pattern: str = Routed.DEFAULT_PATTERN,
+        route_format: str = Routed.DEFAULT_FORMAT,
     ):
         specialists = _unique(specialists, "specialist")
         if not specialists:
@@ -535,7 +563,8 @@ class MultiHopRouted(SeeAll):
         if clash:
             raise TopologyError(f"specialist names {clash} are finish words {list(self.FINISH_WORDS)}; rename them")
         # The one-hop parser, reused for its route-line reading (mentions are ignored here).
-        self._router = Routed(orchestrator, specialists, route_pattern=route_pattern)
+        self._router = Routed(orchestrator, specialists, route_pattern=route_pattern, route_format=route_format)
+        self.route_format = route_format
 
     @property
     def max_actions_per_turn(self) -> int:
@@ -574,6 +603,17 @@ class MultiHopRouted(SeeAll):
         asked = {a for a, _ in executed}
         pending = [s for s in self.specialists if s not in asked]
         return pending[0] if pending and self._hops(executed) < self.max_hops else self.DONE
+
+    def route_line(self, target: str) -> str:
+        """The line a scripted orchestrator writes to route to ``target`` or to finish
+        (``"done"``), checked to parse back to it (see :meth:`Routed.route_line`)."""
+        line = self.route_format.format(target)
+        if self.decide(line) != (target, []):
+            raise TopologyError(
+                f"the route line {line!r} (route_format {self.route_format!r}) does not parse to {target!r} "
+                f"under route_pattern {self.route_pattern!r}; pass a route_format your pattern reads"
+            )
+        return line
 
     def next_agent(self, executed: Executed) -> str | None:
         """Orchestrator first and after every specialist; a specialist when it routes and
@@ -639,7 +679,7 @@ class MultiHopRouted(SeeAll):
     def to_dict(self) -> dict[str, Any]:
         """``{"type": "multihop", ...}`` (``route_pattern`` only when not the default)."""
         fields = {"orchestrator": self.orchestrator, "specialists": list(self.specialists), "max_hops": self.max_hops}
-        return _routed_dict("multihop", fields, self.route_pattern)
+        return _routed_dict("multihop", fields, self.route_pattern, self.route_format)
 
     def __repr__(self) -> str:
         return f"MultiHopRouted({self.orchestrator!r}, {list(self.specialists)}, max_hops={self.max_hops})"
@@ -668,6 +708,7 @@ def topology_from_dict(d: Mapping[str, Any]) -> Topology:
                 d.get("finisher"),
                 route_pattern=d.get("route_pattern", Routed.DEFAULT_PATTERN),
                 default=d.get("default"),
+                route_format=d.get("route_format", Routed.DEFAULT_FORMAT),
             )
         if kind == "multihop":
             return MultiHopRouted(
@@ -675,6 +716,7 @@ def topology_from_dict(d: Mapping[str, Any]) -> Topology:
                 d["specialists"],
                 max_hops=d.get("max_hops", 3),
                 route_pattern=d.get("route_pattern", Routed.DEFAULT_PATTERN),
+                route_format=d.get("route_format", Routed.DEFAULT_FORMAT),
             )
     except KeyError as e:
         raise TopologyError(f"topology of type {kind!r} is missing the field {e}") from None

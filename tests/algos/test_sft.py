@@ -24,6 +24,7 @@ from marft_algos.sft import (
     run_sft,
     scripted_demos,
 )
+from marft_envs import TopologyError
 
 pytest.importorskip("marft_algos.models")
 
@@ -86,6 +87,17 @@ def test_scripted_routers_reach_every_role():
     env.reset(seed=0)  # one hop: the planner answers once it is spent, rather than routing past the budget
     texts = _play_scripted(env)
     assert [a for a, _ in texts] == ["planner", "solver", "planner"] and env.graded["grade"]["correct"]
+    one_hop["topology"].update(max_hops=3, route_pattern=r"next\s*->\s*(\w+)")
+    env = marft_envs.make("arith-planner-v0", profiles=one_hop)
+    env.reset(seed=0)
+    with pytest.raises(TopologyError, match="pass a route_format"):  # "ROUTE: solver" would not route under it
+        env.demo_action()
+    one_hop["topology"]["route_format"] = "NEXT -> {}"
+    env = marft_envs.make("arith-planner-v0", profiles=one_hop)
+    env.reset(seed=0)  # the scripted routes are written in the team's own format
+    texts = _play_scripted(env)
+    assert [a for a, _ in texts] == ["planner", "solver", "planner", "checker", "planner"]
+    assert texts[0][1] == "NEXT -> solver" and texts[-1][1].endswith("\nNEXT -> done") and env.graded["grade"]["correct"]
     demos, stats = scripted_demos(_policy("arith-planner-v0"), lambda: marft_envs.make("arith-planner-v0"), 2, seed=0)
     assert stats["kept"] == 2 and stats["no_demo_roles"] == [] and {d.role for d in demos} == {"planner", "solver", "checker"}
 

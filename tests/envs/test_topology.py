@@ -361,6 +361,24 @@ def test_multihop_validation_and_round_trip():
     assert ROUTED.turn_info([("orchestrator", "ROUTE: algebra")]) == {}
 
 
+def test_scripted_route_lines_follow_a_custom_route_pattern():
+    assert ROUTED.route_line("algebra") == "ROUTE: algebra" and HOPS.route_line("done") == "ROUTE: done"
+    pattern = r"next\s*->\s*(\w+)"
+    for topology in (Routed("o", ["a", "b"], route_pattern=pattern), MultiHopRouted("o", ["a", "b"], route_pattern=pattern)):
+        with pytest.raises(TopologyError, match="pass a route_format your pattern reads"):
+            topology.route_line("b")  # "ROUTE: b" is not a route under this pattern
+    routed = Routed("o", ["a", "b"], route_pattern=pattern, route_format="NEXT -> {}")
+    hops = MultiHopRouted("o", ["a", "b"], route_pattern=pattern, route_format="NEXT -> {}")
+    assert routed.route_line("b") == "NEXT -> b" and routed.route("NEXT -> b").target == "b"
+    assert hops.route_line("b") == "NEXT -> b" and hops.route_line("done") == "NEXT -> done"
+    for topology in (routed, hops):
+        d = json.loads(json.dumps(topology.to_dict()))
+        assert d["route_format"] == "NEXT -> {}" and topology_from_dict(d) == topology
+    assert "route_format" not in ROUTED.to_dict()
+    with pytest.raises(TopologyError, match="one '{}'"):
+        Routed("o", ["a"], route_format="ROUTE")
+
+
 def test_seed_team_profiles():
     malt, rema, planner = Team.load("malt"), Team.load("rema"), Team.load("planner")
     assert malt.topology == Chain(["generator", "verifier", "refiner"]) and malt.answer_agents == ["refiner"]
