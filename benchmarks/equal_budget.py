@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -230,16 +231,37 @@ def _env_id(args: argparse.Namespace, kind: str) -> str:
     return {"solo": args.solo_env, "duo": args.duo_env, "malt": args.malt_env, "rema": args.rema_env}[kind]
 
 
-def _sampling(agents: Sequence[str], args: argparse.Namespace, temperature: float = 0.7) -> dict[str, dict[str, Any]]:
-    """The quickstart's per-role sampling (reasoner 64 / actor 24 new tokens; other roles 64), or --max-new-tokens for all."""
+# A calculator or search call is 34 SmolLM2 tokens before its end token: the quickstart actor's 24 would cut every call.
+TOOL_ROLE_MIN_TOKENS = 48
+
+
+def _sampling(env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, temperature: float = 0.7) -> dict[str, dict[str, Any]]:
+    """The quickstart's per-role sampling (reasoner 64 / actor 24 new tokens; other roles 64; a role with tools at least
+    ``TOOL_ROLE_MIN_TOKENS``), or --max-new-tokens for all."""
+    tool_roles = _tool_roles(env_id, json.dumps(env_kwargs, sort_keys=True))
     out = {}
-    for a in agents:
+    for a in _agents(env_id, env_kwargs):
         s = dict(QUICKSTART_SAMPLING.get(a, {"max_new_tokens": 64}))
+        if a in tool_roles:
+            s["max_new_tokens"] = max(s["max_new_tokens"], TOOL_ROLE_MIN_TOKENS)
         if args.max_new_tokens:
             s["max_new_tokens"] = args.max_new_tokens
+            if a in tool_roles and args.max_new_tokens < TOOL_ROLE_MIN_TOKENS:
+                print(f"[equal-budget] warning: --max-new-tokens {args.max_new_tokens} is below a tool call's length "
+                      f"({TOOL_ROLE_MIN_TOKENS}) for {env_id}'s {a}: its calls will be cut", flush=True)
         s["temperature"] = temperature
         out[a] = s
     return out
+
+
+@functools.cache
+def _tool_roles(env_id: str, env_kwargs_json: str) -> frozenset[str]:
+    """The agents of ``env_id`` that have tools (their tool calls need room)."""
+    import marft_envs
+
+    env = marft_envs.make(env_id, **json.loads(env_kwargs_json))
+    env.reset(seed=0)
+    return frozenset(a for a in env.possible_agents if env.tools(a))
 
 
 def _agents(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
@@ -258,7 +280,7 @@ def _heldout(policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argpars
     from marft_algos.evaluation import episode_score, evaluate
 
     res = evaluate(policy, env_id, env_kwargs=env_kwargs, n=args.eval_n if n is None else n, split="test", num_envs=args.num_envs_eval, greedy=True,
-                   sampling_overrides=_sampling(_agents(env_id, env_kwargs), args), seed=1234)
+                   sampling_overrides=_sampling(env_id, env_kwargs, args), seed=1234)
     d = res.to_dict()
     d["correct_per_problem"] = [int(bool(ep.correct)) for ep in res.episodes]
     # the grader's score (answer F1 in RAG), or the 0/1 correctness of an ungraded episode
@@ -277,7 +299,7 @@ def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path, 
     data: dict[str, Any] = {
         "env_id": env_id, "env_kwargs": env_kwargs, "model": args.model, "steps": args.max_steps, "seed": seed,
         "out_dir": str(run_dir), "progress": False, "save_every": 0, "transcript_every": 0,
-        **QUICKSTART_RECIPE, "sampling_overrides": _sampling(_agents(env_id, env_kwargs), args),
+        **QUICKSTART_RECIPE, "sampling_overrides": _sampling(env_id, env_kwargs, args),
     }
     if system.algo == "grpo":
         data["group_size"] = args.group_size
@@ -470,7 +492,7 @@ def _majority(seed: int, args: argparse.Namespace, records: Path) -> dict[str, A
     env_kwargs = json.loads(args.env_kwargs)
     agents = _agents(args.solo_env, env_kwargs)
     policy = untrained_policy(agents, args.model)
-    (limit,) = {s["max_new_tokens"] for s in _sampling(agents, args).values()}
+    (limit,) = {s["max_new_tokens"] for s in _sampling(args.solo_env, env_kwargs, args).values()}
     import marft_envs
 
     n = min(args.eval_n, marft_envs.make(args.solo_env, split="test", **env_kwargs).num_problems)  # the problems evaluate() plays
@@ -930,7 +952,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-budget", type=int, default=7000, help="generated training tokens per trained run (~6 duo steps)")
     p.add_argument("--max-steps", type=int, default=10_000, help="safety cap on training steps")
     p.add_argument("--group-size", type=int, default=4, help="GRPO group size")
-    p.add_argument("--max-new-tokens", type=int, default=0, help="every agent's token limit (0: the quickstart's per role)")
+    p.add_argument("--max-new-tokens", type=int, default=0, help=f"every agent's token limit (0: the quickstart's per role, at least {TOOL_ROLE_MIN_TOKENS} for a role with tools)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--eval-n", type=int, default=200, help="held-out problems (test indices 0..n-1)")
     p.add_argument("--num-envs-eval", type=int, default=32)

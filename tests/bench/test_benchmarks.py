@@ -432,6 +432,18 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     assert eb.grad_spikes([1.0, 1.0, 1.0, 3.5, float("nan")]) == 1 and eb.grad_spikes([0.0, 0.0]) == 0
 
 
+def test_equal_budget_tool_roles_get_room_for_a_call(eb: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """The quickstart actor's 24 tokens cut a 34-token calculator call: a role with tools gets at least 48."""
+    args = eb.build_parser().parse_args([])
+    assert {a: s["max_new_tokens"] for a, s in eb._sampling("arith-calc-duo-v0", {}, args).items()} == {"reasoner": 64, "actor": 48}
+    assert {a: s["max_new_tokens"] for a, s in eb._sampling("arith-duo-v0", {}, args).items()} == {"reasoner": 64, "actor": 24}
+    rag = eb._sampling("rag-quartet-v0", {"hops": [1], "k": 3}, args)
+    assert {a: s["max_new_tokens"] for a, s in rag.items()} == {"rewriter": 64, "selector": 64, "filter": 64, "generator": 64}
+    args = eb.build_parser().parse_args(["--max-new-tokens", "24"])  # explicit wins, with a warning
+    assert eb._sampling("arith-calc-solo-v0", {}, args)["actor"]["max_new_tokens"] == 24
+    assert "its calls will be cut" in capsys.readouterr().out
+
+
 def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
     """tiny-random, tiny budgets, in-process jobs: JSONs per (system, seed), resumable, report with 'not run'."""
     out = tmp_path / "eb"
