@@ -54,7 +54,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
 from benchmarks._common import json_option, markdown_table, versions, wilson, write_csv, write_json  # noqa: E402
-from marft_algos.cli import QUICKSTART_ARITH_LEVEL, QUICKSTART_RECIPE, QUICKSTART_SAMPLING  # noqa: E402
+from marft_algos.cli import (  # noqa: E402
+    QUICKSTART_ARITH_LEVEL,
+    QUICKSTART_RECIPE,
+    TOOL_ROLE_MIN_TOKENS,
+    quickstart_sampling,
+    tool_roles,
+)
 
 __all__ = ["main", "build_parser", "paired_bootstrap", "fit_groups", "SYSTEMS", "System", "queue", "COMPARISONS", "tokens_to_target", "TABLE_COLUMNS", "DIFF_COLUMNS", "PER_SEED_COLUMNS"]
 
@@ -231,37 +237,30 @@ def _env_id(args: argparse.Namespace, kind: str) -> str:
     return {"solo": args.solo_env, "duo": args.duo_env, "malt": args.malt_env, "rema": args.rema_env}[kind]
 
 
-# A calculator or search call is 34 SmolLM2 tokens before its end token: the quickstart actor's 24 would cut every call.
-TOOL_ROLE_MIN_TOKENS = 48
-
-
 def _sampling(env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, temperature: float = 0.7) -> dict[str, dict[str, Any]]:
     """The quickstart's per-role sampling (reasoner 64 / actor 24 new tokens; other roles 64; a role with tools at least
     ``TOOL_ROLE_MIN_TOKENS``), or --max-new-tokens for all."""
-    tool_roles = _tool_roles(env_id, json.dumps(env_kwargs, sort_keys=True))
+    key = json.dumps(env_kwargs, sort_keys=True)
     out = {}
-    for a in _agents(env_id, env_kwargs):
-        s = dict(QUICKSTART_SAMPLING.get(a, {"max_new_tokens": 64}))
-        if a in tool_roles:
-            s["max_new_tokens"] = max(s["max_new_tokens"], TOOL_ROLE_MIN_TOKENS)
+    for a, s in _quickstart_sampling(env_id, key).items():
+        s = {"max_new_tokens": 64, **s, "temperature": temperature}
         if args.max_new_tokens:
             s["max_new_tokens"] = args.max_new_tokens
-            if a in tool_roles and args.max_new_tokens < TOOL_ROLE_MIN_TOKENS:
+            if a in _tool_roles(env_id, key) and args.max_new_tokens < TOOL_ROLE_MIN_TOKENS:
                 print(f"[equal-budget] warning: --max-new-tokens {args.max_new_tokens} is below a tool call's length "
                       f"({TOOL_ROLE_MIN_TOKENS}) for {env_id}'s {a}: its calls will be cut", flush=True)
-        s["temperature"] = temperature
         out[a] = s
     return out
 
 
 @functools.cache
-def _tool_roles(env_id: str, env_kwargs_json: str) -> frozenset[str]:
-    """The agents of ``env_id`` that have tools (their tool calls need room)."""
-    import marft_envs
+def _quickstart_sampling(env_id: str, env_kwargs_json: str) -> dict[str, dict[str, Any]]:
+    return quickstart_sampling(env_id, json.loads(env_kwargs_json))
 
-    env = marft_envs.make(env_id, **json.loads(env_kwargs_json))
-    env.reset(seed=0)
-    return frozenset(a for a in env.possible_agents if env.tools(a))
+
+@functools.cache
+def _tool_roles(env_id: str, env_kwargs_json: str) -> frozenset[str]:
+    return tool_roles(env_id, json.loads(env_kwargs_json))
 
 
 def _agents(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:

@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
 from benchmarks._common import StagedReport, json_option, load_text, set_values, train_within  # noqa: E402
+from marft_algos.cli import TOOL_ROLE_MIN_TOKENS  # noqa: E402
 from marft_algos.evaluation import agent_tool_stats, bootstrap_mean, run_samples, summarize  # noqa: E402
 
 TEAM_COLUMNS = ("env_id", "system", "problems", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-temperature", type=float, default=1.0)
     p.add_argument("--eval-n", type=int, default=64, help="Held-out questions (test split, indices 0..n-1).")
     p.add_argument("--eval-batch", type=int, default=32, help="Episodes played side by side at evaluation.")
-    p.add_argument("--max-new-tokens", type=int, default=24, help="Per step of an agent (training and evaluation).")
+    p.add_argument("--max-new-tokens", type=int, default=TOOL_ROLE_MIN_TOKENS,
+                   help="Per step of an agent (training and evaluation); below 48 a search call (34 tokens) is cut.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Extra config field (JSON value), repeatable.")
     p.add_argument("--out", default="runs/rag")

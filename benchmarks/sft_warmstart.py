@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` importable as a script
 
 from benchmarks._common import StagedReport, json_option, load_text, train_within  # noqa: E402
+from marft_algos.cli import TOOL_ROLE_MIN_TOKENS  # noqa: E402
 from marft_algos.evaluation import bootstrap_mean, run_samples, summarize, wilson  # noqa: E402
 
 ROWS = ("env_id", "system", "problems", "accuracy", "acc_lo", "acc_hi", "tool_rate", "tool_lo", "tool_hi",
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-4, help="RL learning rate.")
     p.add_argument("--eval-n", type=int, default=64, help="Held-out problems (test split, indices 0..n-1).")
     p.add_argument("--eval-batch", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, default=48, help="Per step of an agent (RL and evaluation).")
+    p.add_argument("--max-new-tokens", type=int, default=TOOL_ROLE_MIN_TOKENS, help="Per step of an agent (RL and evaluation): room for a tool call.")
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/sft_warmstart")

@@ -500,6 +500,32 @@ QUICKSTART_SAMPLING: dict[str, dict[str, Any]] = {
     "reasoner": {"max_new_tokens": 64, "temperature": 0.7},
     "actor": {"max_new_tokens": 24, "temperature": 0.7},
 }
+#: A calculator or search call is 34 SmolLM2 tokens before its end token: the quickstart
+#: actor's 24 would cut every call, so a role with tools samples at least this many.
+TOOL_ROLE_MIN_TOKENS = 48
+
+
+def tool_roles(env_id: str, env_kwargs: dict[str, Any] | None = None) -> frozenset[str]:
+    """The agents of ``env_id`` that have tools."""
+    import marft_envs
+
+    env = marft_envs.make(env_id, **(env_kwargs or {}))
+    return frozenset(a for a in env.possible_agents if env.tools(a))
+
+
+def quickstart_sampling(env_id: str, env_kwargs: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The recipe's per-role sampling for ``env_id``'s agents (``QUICKSTART_SAMPLING``, other roles
+    at 0.7), a role with tools given at least ``TOOL_ROLE_MIN_TOKENS`` new tokens."""
+    import marft_envs
+
+    tools = tool_roles(env_id, env_kwargs)
+    out = {}
+    for a in marft_envs.spec(env_id).agents_for(**(env_kwargs or {})):
+        s = dict(QUICKSTART_SAMPLING.get(a, {"temperature": 0.7}))
+        if a in tools and s.get("max_new_tokens", TOOL_ROLE_MIN_TOKENS) < TOOL_ROLE_MIN_TOKENS:
+            s["max_new_tokens"] = TOOL_ROLE_MIN_TOKENS
+        out[a] = s
+    return out
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -523,7 +549,6 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "transcript_every": 5,
     }
-    import marft_envs
 
     base.update(QUICKSTART_RECIPE)
     if args.env_kwargs is not None:
@@ -533,8 +558,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
             _die(f"--env-kwargs is not valid JSON: {e}")
     elif args.env.startswith("arith-"):
         base["env_kwargs"] = dict(QUICKSTART_ARITH_LEVEL)
-    agents = marft_envs.spec(args.env).agents_for(**base.get("env_kwargs", {}))
-    base["sampling_overrides"] = {a: dict(QUICKSTART_SAMPLING.get(a, {"temperature": 0.7})) for a in agents}
+    base["sampling_overrides"] = quickstart_sampling(args.env, base.get("env_kwargs"))
     if spec.name == "grpo":
         base["group_size"] = 4
     config = config_from_dict(spec.config_cls, apply_overrides(spec.config_cls, base, args.set))

@@ -159,6 +159,16 @@ def test_quickstart_trains_arith_at_its_easy_level_unless_told(tmp_path):
     assert main([*common, "--out", str(tmp_path / "c"), "--env-kwargs", "{digits: 1}"]) == 2  # bad JSON: one-line error
 
 
+def test_quickstart_sampling_leaves_a_tool_role_room_for_a_call():
+    """The recipe's actor limit (24) is shorter than a calculator call (34 tokens): a role with tools gets 48."""
+    from marft_algos.cli import quickstart_sampling
+
+    assert quickstart_sampling("arith-calc-duo-v0") == {"reasoner": {"max_new_tokens": 64, "temperature": 0.7},
+                                                         "actor": {"max_new_tokens": 48, "temperature": 0.7}}
+    assert quickstart_sampling("arith-duo-v0")["actor"] == {"max_new_tokens": 24, "temperature": 0.7}
+    assert quickstart_sampling("rag-solo-v0") == {"generator": {"temperature": 0.7}}  # the profile's own limit (no cut)
+
+
 def test_set_takes_a_comma_list_for_list_settings_as_the_tutorial_writes_it():
     """issue 28 item 21: ``--set frozen_agents=editor`` (docs/tutorial/third-party-env.md) was refused."""
     import re
