@@ -158,6 +158,7 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
     *[(s.name, s.cold) for s in SYSTEMS if s.cold],
     ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"), ("duo-grpo-warm-kl", "duo-marft-action"),
+    ("duo-grpo-warm", "solo-grpo"),  # the warm team against the cold solo agent at equal RL tokens (the tool tasks' question)
     # did training the team move it at all? (the untrained duo is the floor every team starts from)
     *[(d, "untrained-duo") for d in (*_BRANCHED[:2], "duo-grpo-warm-kl")],
     ("duo-marft-action-answer", "duo-marft-action"), ("duo-marft-action-answer", "solo-grpo"),

@@ -422,7 +422,7 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     assert q[55:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
     # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
     assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME) and all(a != b for a, b in eb.COMPARISONS)
-    assert ("duo-grpo-warm-kl", "duo-grpo-warm") in eb.COMPARISONS
+    assert ("duo-grpo-warm-kl", "duo-grpo-warm") in eb.COMPARISONS and ("duo-grpo-warm", "solo-grpo") in eb.COMPARISONS
     assert all((s.name, s.cold) in eb.COMPARISONS for s in eb.SYSTEMS if s.warm)
     assert len(set(eb.COMPARISONS)) == len(eb.COMPARISONS)
     assert {("duo-grpo-warm-kl", "untrained-duo"), ("duo-grpo-warm-kl", "duo-marft-action"), ("duo-grpo-branch", "untrained-duo")} <= set(eb.COMPARISONS)
