@@ -161,7 +161,11 @@ def _routed_dict(kind: str, fields: dict[str, Any], route_pattern: str, route_fo
 
 
 def _check_route_format(route_format: str) -> None:
-    if not isinstance(route_format, str) or route_format.count("{}") != 1:
+    try:  # exactly one "{}" and no other field ("{{" writes a brace)
+        ok = isinstance(route_format, str) and route_format.format("\0").count("\0") == 1 and route_format.count("{}") == 1
+    except (IndexError, KeyError, ValueError):
+        ok = False
+    if not ok:
         raise TopologyError(f"route_format must be a string with one '{{}}' for the target, got {route_format!r}")
 
 

@@ -375,8 +375,10 @@ def test_scripted_route_lines_follow_a_custom_route_pattern():
         d = json.loads(json.dumps(topology.to_dict()))
         assert d["route_format"] == "NEXT -> {}" and topology_from_dict(d) == topology
     assert "route_format" not in ROUTED.to_dict()
-    with pytest.raises(TopologyError, match="one '{}'"):
-        Routed("o", ["a"], route_format="ROUTE")
+    for bad in ("ROUTE", "ROUTE {} {}", "ROUTE {x}: {}", "ROUTE: {"):
+        with pytest.raises(TopologyError, match="one '{}'"):
+            Routed("o", ["a"], route_format=bad)
+    assert Routed("o", ["a"], route_format="{{route}}: {}").route_format == "{{route}}: {}"
 
 
 def test_seed_team_profiles():
