@@ -34,6 +34,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from typing import Any
 
+import marft_envs
 from marft_algos.rundir import RunDirLock, check_new_run_dir
 from marft_algos.sft import SFTConfig, run_sft
 
@@ -507,8 +508,6 @@ TOOL_ROLE_MIN_TOKENS = 48
 
 def tool_roles(env_id: str, env_kwargs: dict[str, Any] | None = None) -> frozenset[str]:
     """The agents of ``env_id`` that have tools."""
-    import marft_envs
-
     env = marft_envs.make(env_id, **(env_kwargs or {}))
     return frozenset(a for a in env.possible_agents if env.tools(a))
 
@@ -516,8 +515,6 @@ def tool_roles(env_id: str, env_kwargs: dict[str, Any] | None = None) -> frozens
 def quickstart_sampling(env_id: str, env_kwargs: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """The recipe's per-role sampling for ``env_id``'s agents (``QUICKSTART_SAMPLING``, other roles
     at 0.7), a role with tools given at least ``TOOL_ROLE_MIN_TOKENS`` new tokens."""
-    import marft_envs
-
     tools = tool_roles(env_id, env_kwargs)
     out = {}
     for a in marft_envs.spec(env_id).agents_for(**(env_kwargs or {})):

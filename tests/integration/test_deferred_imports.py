@@ -26,7 +26,7 @@ PENDING = {
     "marft_algos/algos/marft.py": 3,
     "marft_algos/algos/marft_action.py": 1,
     "marft_algos/algos/marft_token.py": 1,
-    "marft_algos/cli.py": 39,
+    "marft_algos/cli.py": 38,
     "marft_algos/config.py": 2,
     "marft_algos/rollout.py": 5,
     "marft_algos/trainer.py": 6,
