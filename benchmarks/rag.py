@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-n", type=int, default=64, help="Held-out questions (test split, indices 0..n-1).")
     p.add_argument("--eval-batch", type=int, default=32, help="Episodes played side by side at evaluation.")
     p.add_argument("--max-new-tokens", type=int, default=TOOL_ROLE_MIN_TOKENS,
-                   help="Per step of an agent (training and evaluation); below 48 a search call (34 tokens) is cut.")
+                   help=f"Per step of an agent (training and evaluation); below {TOOL_ROLE_MIN_TOKENS} a search call (34 tokens) is cut.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Extra config field (JSON value), repeatable.")
     p.add_argument("--out", default="runs/rag")

@@ -499,7 +499,7 @@ class Routed(Topology):
         return list(self.agents)
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"type": "routed", ...}`` (``route_pattern`` only when not the default)."""
+        """``{"type": "routed", ...}`` (``route_pattern`` and ``route_format`` only when not the defaults)."""
         fields = {"orchestrator": self.orchestrator, "specialists": list(self.specialists),
                   "finisher": self.finisher, "default": self.default}
         return _routed_dict("routed", fields, self.route_pattern, self.route_format)
@@ -681,7 +681,7 @@ class MultiHopRouted(SeeAll):
         return {"routes": routes, "hops": self._hops(executed), "route_counts": counts, "handoff_loops": loops}
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"type": "multihop", ...}`` (``route_pattern`` only when not the default)."""
+        """``{"type": "multihop", ...}`` (``route_pattern`` and ``route_format`` only when not the defaults)."""
         fields = {"orchestrator": self.orchestrator, "specialists": list(self.specialists), "max_hops": self.max_hops}
         return _routed_dict("multihop", fields, self.route_pattern, self.route_format)
 
