@@ -171,7 +171,7 @@ COMPARISONS: list[tuple[str, str]] = [
 CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from", "reference", "beta",
                "rollout_workers", "max_staleness")
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
-                 "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "eval_prompt_tokens_per_episode", "status"]
+                 "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "eval_prompt_tokens_per_episode", "tool_call_rate", "status"]
 DIFF_COLUMNS = ["a", "b", "difference", "ci_low", "ci_high", "significant", "seeds_a", "seeds_b"]
 PER_SEED_COLUMNS = ["a", "b", "seed_a", "seed_b", "difference", "ci_low", "ci_high", "significant"]
 
@@ -277,7 +277,7 @@ def _env_kwargs(system: System, args: argparse.Namespace) -> dict[str, Any]:
 
 def _heldout(policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, n: int | None = None) -> dict[str, Any]:
     """Greedy evaluation on test problems 0..n-1 (default ``--eval-n``) with the training token limits; per-problem correctness."""
-    from marft_algos.evaluation import episode_score, evaluate
+    from marft_algos.evaluation import episode_score, episode_tool_calls, evaluate
 
     res = evaluate(policy, env_id, env_kwargs=env_kwargs, n=args.eval_n if n is None else n, split="test", num_envs=args.num_envs_eval, greedy=True,
                    sampling_overrides=_sampling(env_id, env_kwargs, args), seed=1234)
@@ -285,6 +285,7 @@ def _heldout(policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argpars
     d["correct_per_problem"] = [int(bool(ep.correct)) for ep in res.episodes]
     # the grader's score (answer F1 in RAG), or the 0/1 correctness of an ungraded episode
     d["score_per_problem"] = [float(bool(ep.correct)) if (s := episode_score(ep)) is None else s for ep in res.episodes]
+    d["tool_calls_per_problem"] = [episode_tool_calls(ep) for ep in res.episodes]
     return d
 
 
@@ -476,7 +477,7 @@ def _init_eval(policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argpa
     """A warm job's held-out accuracy on its SFT adapters (the RL run's step 0): the full set, and the curve's first point."""
     ev = _heldout(policy, env_id, env_kwargs, args)
     point = _on_curve_set(policy, env_id, env_kwargs, args, ev) if args.curve_every_tokens else ev
-    return {"accuracy": ev["accuracy"], "n": ev["n"], "correct_per_problem": ev["correct_per_problem"],
+    return {"accuracy": ev["accuracy"], "n": ev["n"], "correct_per_problem": ev["correct_per_problem"], "tool_calls_per_problem": ev["tool_calls_per_problem"],
             "curve_point": {"accuracy": point["accuracy"], "n": point["n"]}}
 
 
@@ -675,8 +676,19 @@ def _row(s: System, recs: list[dict[str, Any]], args: argparse.Namespace) -> dic
         "job_cpu_minutes": " ".join(f"{r.get('job_cpu_minutes', float('nan')):.1f}" for r in recs),
         "eval_tokens_per_episode": float(np.mean([r["eval"]["mean_tokens"] for r in recs])),
         # prompt tokens the agents read (jobs written before it was recorded: nan)
-        "eval_prompt_tokens_per_episode": float(np.mean([r["eval"].get("mean_prompt_tokens", float("nan")) for r in recs])), "status": "ok",
+        "eval_prompt_tokens_per_episode": float(np.mean([r["eval"].get("mean_prompt_tokens", float("nan")) for r in recs])),
+        "tool_call_rate": _tool_rate([r["eval"] for r in recs]), "status": "ok",
     }
+
+
+def _tool_rate(evals: Sequence[dict[str, Any]]) -> str:
+    """Held-out episodes with at least one tool call, pooled over ``evals``, with its Wilson interval ("" when not recorded)."""
+    calls = [c for e in evals for c in e.get("tool_calls_per_problem", ())]
+    if not calls or len(calls) < sum(len(e["correct_per_problem"]) for e in evals):  # some job predates the record
+        return ""
+    p = float(np.mean([c > 0 for c in calls]))
+    lo, hi = wilson(p, len(calls))
+    return f"{p:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
 def tokens_to_target(curve: Sequence[dict[str, Any]], target: float) -> float:
@@ -765,7 +777,8 @@ def _warm_starts(runs: dict[str, list[dict[str, Any]]], reps: int) -> list[dict[
         sft = np.array([r["init_eval"]["correct_per_problem"] for r in recs])
         rl = np.array([r["correct_per_problem"] for r in recs])
         row = {"system": s.name, "seeds": ",".join(str(r["seed"]) for r in recs), "after_sft": float(sft.mean()), "after_sft_rl": float(rl.mean()),
-               "rl_minus_sft": _interval(paired_bootstrap(rl, sft, reps=reps))}
+               "rl_minus_sft": _interval(paired_bootstrap(rl, sft, reps=reps)),
+               "tool_rate_sft": _tool_rate([r["init_eval"] for r in recs]), "tool_rate_sft_rl": _tool_rate([r["eval"] for r in recs])}
         untrained = runs.get(f"untrained-{s.env}") or []
         if untrained:
             row["sft_minus_untrained"] = _interval(paired_bootstrap(sft, np.array([r["correct_per_problem"] for r in untrained]), reps=reps))
@@ -920,7 +933,7 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
     warm = _warm_starts(runs, args.bootstrap)
     if warm:
         text += ("\n## Warm starts: held-out accuracy on the SFT adapters (before RL) and after RL; paired differences with their 95% bootstrap intervals (* : the interval excludes 0)\n\n"
-                 + markdown_table(warm, ["system", "seeds", "after_sft", "sft_minus_untrained", "after_sft_rl", "rl_minus_sft"]) + "\n")
+                 + markdown_table(warm, ["system", "seeds", "after_sft", "sft_minus_untrained", "after_sft_rl", "rl_minus_sft", "tool_rate_sft", "tool_rate_sft_rl"]) + "\n")
     score_diffs = _diffs(runs, args.bootstrap, _scores) if _graded_beyond_correctness(runs) else []
     if score_diffs:  # e.g. RAG, where exact match is near 0 and answer F1 carries the signal
         means = [{"system": s.name, "mean_score": float(np.mean([np.mean(_scores(r)) for r in runs[s.name]]))} for s in SYSTEMS if runs[s.name]]

@@ -18,7 +18,7 @@ from marft_algos.evaluation.report import wilson
 from marft_algos.protocols import RolloutPolicy
 from marft_algos.rollout import RolloutCollector
 
-__all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "episode_score", "run_samples", "summarize", "by_problem", "overlong_agents",
+__all__ = ["SampleRecord", "play", "sampling_overrides", "to_record", "episode_score", "episode_tool_calls", "run_samples", "summarize", "by_problem", "overlong_agents",
            "agent_tool_stats", "COST_COMPONENTS"]
 
 #: Reward components that are costs (they enter the reward negated; see marft_envs.rewards).
@@ -154,6 +154,11 @@ def to_record(spec: dict[str, Any], ep: Any, seed: int) -> SampleRecord:
         score=episode_score(ep),
         details=details,
     )
+
+
+def episode_tool_calls(ep: Any) -> int:
+    """Tool calls made in episode ``ep`` (every agent, every segment; failed calls count)."""
+    return sum(_tool_use(t.info)["tool_calls"] for t in ep.transitions)
 
 
 def _tool_use(info: dict[str, Any]) -> dict[str, Any]:

@@ -615,6 +615,8 @@ def test_equal_budget_warm_system_starts_rl_from_its_sft_run(eb: ModuleType, tmp
     (row,) = report["warm_starts"]
     assert row["system"] == "duo-grpo-warm-kl" and row["after_sft"] == rec["init_eval"]["accuracy"]
     assert row["after_sft_rl"] == rec["accuracy"] and row["rl_minus_sft"].startswith(f"{rec['accuracy'] - rec['init_eval']['accuracy']:+.3f} [")
+    assert len(rec["init_eval"]["tool_calls_per_problem"]) == len(rec["eval"]["tool_calls_per_problem"]) == 2
+    assert row["tool_rate_sft"].startswith("0.00 [") and row["tool_rate_sft_rl"].startswith("0.00 [")  # arith has no tool
     assert rec["heldout_curve"][0] == {"tokens": 0, "accuracy": rec["init_eval"]["curve_point"]["accuracy"], "n": 1}
 
 
@@ -648,3 +650,30 @@ def test_equal_budget_system_env_overrides_reach_its_env(eb: ModuleType, tmp_pat
     assert record["eval"]["per_agent_prompt_tokens"].keys() == {"reasoner", "actor"} and record["eval"]["mean_prompt_tokens"] > 0
     _, rows = _csv(out / "equal_budget.csv")
     assert all(float(r["eval_prompt_tokens_per_episode"]) > 0 for r in rows if r["status"] == "ok")
+
+
+def test_equal_budget_records_tool_calls_and_reports_the_rate(eb: ModuleType) -> None:
+    """Held-out evaluation counts each episode's tool calls (the "tool-call rate before SFT, after SFT, after
+    SFT + RL" of the tool tasks); the report pools the rate over seeds, and leaves it blank for older jobs."""
+    import argparse
+    import json as _json
+    import re
+
+    from helpers.scripted import CharPolicy
+
+    class Calculates(CharPolicy):
+        eos = True
+
+        def say(self, role: str, prompt: str) -> str:
+            result = re.search(r"<tool>(.*)$", prompt, re.S)
+            if result:
+                return f"\\boxed{{{result.group(1).strip()}}}"
+            expr = re.search(r"What is (.+)\?", prompt).group(1)
+            return "<tool_call>" + _json.dumps({"name": "calculator", "arguments": {"expression": expr}}) + "</tool_call>"
+
+    args = argparse.Namespace(eval_n=3, num_envs_eval=3, max_new_tokens=0)
+    ev = eb._heldout(Calculates(), "arith-calc-solo-v0", {}, args)
+    assert ev["tool_calls_per_problem"] == [1, 1, 1] and ev["correct_per_problem"] == [1, 1, 1]
+    silent = {"correct_per_problem": [0, 0], "tool_calls_per_problem": [0, 0]}
+    assert eb._tool_rate([ev, silent]) == "0.60 [0.23, 0.88]"  # 3 of 5 episodes, Wilson interval
+    assert eb._tool_rate([ev, {"correct_per_problem": [0, 1]}]) == ""  # a job recorded before the count
