@@ -4,11 +4,8 @@ for trainers", for what a collector still has to do to keep ids exact across seg
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
-from helpers.scripted import CharPolicy
+from helpers.scripted import CalculatorCaller
 
 import marft_envs
 from marft_algos.rollout import RolloutCollector
@@ -16,24 +13,9 @@ from marft_algos.rollout import RolloutCollector
 models = pytest.importorskip("marft_algos.models")
 
 
-class ScriptedPolicy(CharPolicy):
-    """The actor calls the calculator, then answers with its result."""
-
-    eos = True
-
-    @staticmethod
-    def say(role, prompt):
-        if role == "reasoner":
-            return "Use the calculator."
-        result = re.search(r"<tool>(.*)$", prompt, re.S)
-        if result:
-            return f"\\boxed{{{result.group(1).strip()}}}"
-        expr = re.search(r"What is (.+)\?", prompt).group(1)
-        return "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": expr}}) + "</tool_call>"
-
-
 def test_tool_continuation_is_another_transition_of_the_same_agent():
-    col = RolloutCollector(lambda: marft_envs.make("arith-calc-duo-v0"), ScriptedPolicy(), num_envs=4, group_size=2, seed=0)
+    # the actor calls the calculator, then answers with its result
+    col = RolloutCollector(lambda: marft_envs.make("arith-calc-duo-v0"), CalculatorCaller(), num_envs=4, group_size=2, seed=0)
     batch = col.collect()
     for ep in batch.episodes:
         agents = [t.agent for t in ep.transitions]

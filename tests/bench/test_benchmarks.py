@@ -656,23 +656,11 @@ def test_equal_budget_records_tool_calls_and_reports_the_rate(eb: ModuleType) ->
     """Held-out evaluation counts each episode's tool calls (the "tool-call rate before SFT, after SFT, after
     SFT + RL" of the tool tasks); the report pools the rate over seeds, and leaves it blank for older jobs."""
     import argparse
-    import json as _json
-    import re
 
-    from helpers.scripted import CharPolicy
-
-    class Calculates(CharPolicy):
-        eos = True
-
-        def say(self, role: str, prompt: str) -> str:
-            result = re.search(r"<tool>(.*)$", prompt, re.S)
-            if result:
-                return f"\\boxed{{{result.group(1).strip()}}}"
-            expr = re.search(r"What is (.+)\?", prompt).group(1)
-            return "<tool_call>" + _json.dumps({"name": "calculator", "arguments": {"expression": expr}}) + "</tool_call>"
+    from helpers.scripted import CalculatorCaller
 
     args = argparse.Namespace(eval_n=3, num_envs_eval=3, max_new_tokens=0)
-    ev = eb._heldout(Calculates(), "arith-calc-solo-v0", {}, args)
+    ev = eb._heldout(CalculatorCaller(), "arith-calc-solo-v0", {}, args)
     assert ev["tool_calls_per_problem"] == [1, 1, 1] and ev["correct_per_problem"] == [1, 1, 1]
     silent = {"correct_per_problem": [0, 0], "tool_calls_per_problem": [0, 0]}
     assert eb._tool_rate([ev, silent]) == "0.60 [0.23, 0.88]"  # 3 of 5 episodes, Wilson interval

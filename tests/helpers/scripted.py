@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
-__all__ = ["CharPolicy"]
+__all__ = ["CalculatorCaller", "CharPolicy"]
 
 
 class CharPolicy:
@@ -36,3 +38,19 @@ class CharPolicy:
                 out.append(GenResult(token_ids=ids, text=text, logprobs=[-0.5] * len(ids),
                                      finish_reason="eos" if self.eos else "length"))
         return out
+
+
+class CalculatorCaller(CharPolicy):
+    """A reasoner says "Use the calculator."; any other role calls the calculator on the
+    question, then answers with the tool's result (``<tool>`` in its next prompt)."""
+
+    eos = True
+
+    def say(self, role: str, prompt: str) -> str:
+        if role == "reasoner":
+            return "Use the calculator."
+        result = re.search(r"<tool>(.*)$", prompt, re.S)
+        if result:
+            return f"\\boxed{{{result.group(1).strip()}}}"
+        expr = re.search(r"What is (.+)\?", prompt).group(1)
+        return "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": expr}}) + "</tool_call>"
