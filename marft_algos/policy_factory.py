@@ -95,8 +95,38 @@ def load_init(policy: Any, source: str, config: TrainConfig | None = None) -> Pa
         raise ConfigError(f"init_from={source!r} does not fit this run: " + "; ".join(problems))
     if config is not None:
         _warn_other_env(source, [path / "config.json", pdir.parent / "config.json"], config)
+        in_run = len(pdir.parents) > 2 and pdir.parents[1].name == "checkpoints"  # <run>/checkpoints/<step>/policy
+        _warn_cut_demos(source, [path / "sft.json", *([pdir.parents[2] / "sft.json"] if in_run else [])], config)
     policy.load(pdir)
     return pdir
+
+
+def _warn_cut_demos(source: str, candidates: Sequence[Path], config: TrainConfig) -> None:
+    """Warn when a role's ``max_new_tokens`` in this run is below the 90th percentile of the
+    lengths of the SFT demonstrations it learned (``sft.json``): RL would cut most of what SFT taught."""
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None or not getattr(config, "env_id", None):
+        return
+    try:
+        lengths = json.loads(found.read_text())["result"].get("response_tokens") or {}
+    except (OSError, ValueError, KeyError, AttributeError):
+        return
+    if not lengths:
+        return
+    # deferred: the env (and its data) is built only for a run that starts from SFT weights
+    import marft_envs
+    from marft_algos.rollout import role_sampling
+
+    env = marft_envs.make(config.env_id, **dict(config.env_kwargs))
+    cut = []
+    for role, q in lengths.items():
+        limit = role_sampling(env, role, config.sampling_overrides).get("max_new_tokens")
+        if limit is not None and int(limit) < int(q["p90"]):
+            cut.append(f"{role}: max_new_tokens={limit}, demos p90 {q['p90']} / max {q['max']} tokens")
+    if cut:
+        warnings.warn(f"init_from={source!r}: SFT taught responses longer than this run lets a role write ("
+                      + "; ".join(cut) + "): RL samples will be cut where the demos were not; raise "
+                      "sampling_overrides.<role>.max_new_tokens to at least the p90", UserWarning, stacklevel=3)
 
 
 def _warn_other_env(source: str, candidates: Sequence[Path], config: TrainConfig) -> None:

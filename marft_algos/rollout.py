@@ -48,6 +48,7 @@ __all__ = [
     "warn_overlong",
     "RolloutCollector",
     "make_sampling",
+    "role_sampling",
     "default_env_fn",
 ]
 
@@ -68,6 +69,21 @@ class _OpenAction:
     tools: list[dict[str, Any]] | None  # the schemas given to the template (None: inline/none)
     segment: int
     action_index: int
+
+
+def role_sampling(env: Any, agent: str, overrides: dict[str, dict[str, Any]] | None = None, *, mode: str = "train") -> dict[str, Any]:
+    """``agent``'s sampling settings in ``env``: its profile's (``eval_sampling`` in eval mode,
+    falling back to ``sampling``) updated with ``overrides[agent]``."""
+    settings: dict[str, Any] = {}
+    team = getattr(env, "team", None)
+    profile = getattr(team, "profiles", {}).get(agent) if team is not None else None
+    if profile is not None:
+        base = profile.eval_sampling if mode == "eval" else profile.sampling
+        if mode == "eval" and not base:
+            base = profile.sampling
+        settings.update(base or {})
+    settings.update((overrides or {}).get(agent, {}))
+    return settings
 
 
 def make_sampling(settings: dict[str, Any]) -> Any:
@@ -288,16 +304,7 @@ class RolloutCollector:
     # --- sampling settings -----------------------------------------------------------
     def sampling_settings(self, env: Any, agent: str) -> dict[str, Any]:
         """Profile sampling (train or eval) merged with the overrides for ``agent``."""
-        settings: dict[str, Any] = {}
-        team = getattr(env, "team", None)
-        profile = getattr(team, "profiles", {}).get(agent) if team is not None else None
-        if profile is not None:
-            base = profile.eval_sampling if self.mode == "eval" else profile.sampling
-            if self.mode == "eval" and not base:
-                base = profile.sampling
-            settings.update(base or {})
-        settings.update(self.sampling_overrides.get(agent, {}))
-        return settings
+        return role_sampling(env, agent, self.sampling_overrides, mode=self.mode)
 
     def _sampling(self, env: Any, agent: str) -> tuple[dict[str, Any], Any]:
         key = (agent, self.mode)

@@ -51,7 +51,7 @@ from marft_algos.rollout import RolloutCollector, overlong_counts
 from marft_algos.seeding import seed_everything
 from marft_envs.tools.chat import literal_ids
 
-__all__ = ["Demo", "SFTConfig", "SFTResult", "demos_from_jsonl", "response_ids", "run_sft", "scripted_demos", "sft_train"]
+__all__ = ["Demo", "SFTConfig", "SFTResult", "demo_lengths", "demos_from_jsonl", "response_ids", "run_sft", "scripted_demos", "sft_train"]
 
 
 @dataclass
@@ -116,6 +116,9 @@ class SFTResult:
     seconds: float
     out_dir: str | None = None
     checkpoint: str | None = None
+    # role -> {"p50", "p90", "max"} of the trained responses' lengths in tokens (EOS included):
+    # what RL's max_new_tokens must leave room for (``marft train --init`` warns when it does not)
+    response_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``sft.json``)."""
@@ -254,6 +257,18 @@ def demos_from_jsonl(policy: Any, path: str | Path, roles: Iterable[str]) -> lis
     return demos
 
 
+def demo_lengths(demos: Sequence[Demo]) -> dict[str, dict[str, int]]:
+    """Per role, the 50th and 90th percentile and the maximum of the demos' response lengths
+    in tokens (nearest rank)."""
+    by_role: dict[str, list[int]] = defaultdict(list)
+    for d in demos:
+        by_role[d.role].append(len(d.response_ids))
+    def rank(q: float, lengths: list[int]) -> int:
+        return lengths[max(0, math.ceil(q * len(lengths)) - 1)]
+
+    return {role: {"p50": rank(0.5, ls), "p90": rank(0.9, ls), "max": ls[-1]} for role, ls in ((r, sorted(v)) for r, v in by_role.items())}
+
+
 # ------------------------------------------------------------------------------ training
 def _nll(policy: Any, role: str, batch: Sequence[Demo]) -> Any:
     """Mean NLL per response token of ``batch`` under ``role`` (the masked LM loss)."""
@@ -356,10 +371,12 @@ def run_sft(config: SFTConfig, *, policy: Any = None, log: Callable[[str], None]
         counts[d.role] += 1
     if log is not None:
         log(f"sft: {len(fit)} demos " + ", ".join(f"{r} {k}" for r, k in counts.items()) + (f"; scripted {stats}" if stats else ""))
+        log("sft: response tokens (p50/p90/max) " + ", ".join(f"{r} {v['p50']}/{v['p90']}/{v['max']}" for r, v in demo_lengths(fit).items())
+            + ": give RL a max_new_tokens of at least the p90")
     before, losses = sft_train(policy, fit, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
                                max_grad_norm=config.max_grad_norm, seed=config.seed, log=log)
     result = SFTResult(demos=dict(counts), skipped=dict(skipped), losses=losses, first_loss=before,
-                       seconds=round(time.perf_counter() - t0, 3), out_dir=config.out_dir)
+                       seconds=round(time.perf_counter() - t0, 3), out_dir=config.out_dir, response_tokens=demo_lengths(fit))
     if config.out_dir:
         out = Path(config.out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 
-from marft_envs.tasks.base import DatasetTask, GradeResult, Problem, Task
+from marft_envs.tasks.base import DatasetTask, DemoSeat, GradeResult, Problem, Task, demo_seat
 
-__all__ = ["TASKS", "DatasetTask", "GradeResult", "Problem", "Task", "resolve_task_class"]
+__all__ = ["TASKS", "DatasetTask", "DemoSeat", "GradeResult", "Problem", "Task", "demo_seat", "resolve_task_class"]
 
 TASKS: dict[str, str] = {
     "arith": "marft_envs.tasks.arith:ArithTask",

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from marft_envs.tasks.base import GradeResult, Problem, Task
+from marft_envs.tasks.base import GradeResult, Problem, Task, demo_seat
 
 __all__ = ["ArithTask", "extract_final_number"]
 
@@ -251,12 +251,10 @@ class ArithTask(Task):
         if problem is None:
             return None
         expr, result = problem.meta.get("expression", ""), problem.answer
-        tools = [t.name for t in env.tool_loop.tools.get(agent, ())] if hasattr(env, "tool_loop") else []
-        called = any(m.get("role") == "tool" for m in env.tool_loop.transcript(agent)) if tools else False
-        if "calculator" in tools and not called:
+        seat = demo_seat(env, agent)
+        if "calculator" in seat.tools and not seat.calls:
             return env.tool_loop.parser.example("calculator", {"expression": expr})
-        profile = env.team.profiles.get(agent)
-        if profile is not None and profile.with_answer:
+        if seat.answers:
             return f"\\boxed{{{result}}}"
         return _reasoning(expr, result)
 

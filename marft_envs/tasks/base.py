@@ -50,6 +50,37 @@ class GradeResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class DemoSeat:
+    """Where ``agent`` stands in ``env`` this turn: what a task's scripted policy
+    (``demo_action(env, agent)``, SFT warm starts) decides by.
+
+    Attributes:
+        tools: the agent's tool names.
+        calls: tool calls it has made this turn (its earlier segments).
+        budget: tool calls it may make per turn.
+        answers: it writes the graded answer (its profile's ``with_answer``).
+        sees_teammates: a teammate whose action it sees acted before it this turn.
+    """
+
+    tools: tuple[str, ...]
+    calls: int
+    budget: int
+    answers: bool
+    sees_teammates: bool
+
+
+def demo_seat(env: Any, agent: str) -> DemoSeat:
+    """``agent``'s :class:`DemoSeat` in ``env`` (a :class:`~marft_envs.text_env.TextTeamEnv`)."""
+    loop = getattr(env, "tool_loop", None)
+    tools = tuple(t.name for t in loop.tools.get(agent, ())) if loop is not None else ()
+    calls = sum(m.get("role") == "tool" for m in loop.transcript(agent)) if tools else 0
+    profile = env.team.profiles.get(agent)
+    executed = list(env.executed)
+    seen = bool(executed) and bool(env.team.topology.parents(agent, executed))
+    return DemoSeat(tools, calls, loop.budget(agent) if tools else 0, bool(profile is not None and profile.with_answer), seen)
+
+
 class Task(ABC):
     """A source of problems plus a grader.
 

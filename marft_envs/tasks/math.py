@@ -27,7 +27,7 @@ from typing import Any
 from ..data import load_split
 from ..verifiers import extract_boxed, grade_math_result
 from ..verifiers.graders import DEFAULT_TIMEOUT
-from .base import DatasetTask, GradeResult, Problem
+from .base import DatasetTask, GradeResult, Problem, demo_seat
 
 __all__ = ["MathTask"]
 
@@ -138,6 +138,18 @@ class MathTask(DatasetTask):
         """math-verify (sympy fallback) equivalence with the gold, in a worker process
         with a hard timeout."""
         return grade_math_result(response, problem.answer, timeout=self.timeout)
+
+    def demo_action(self, env: Any, agent: str) -> str | None:
+        """A scripted demonstration for ``agent`` of ``env`` (SFT warm starts, docs/sft.md):
+        the problem's reference solution (it ends with the boxed answer), or only
+        ``\\boxed{answer}`` for an answering agent that sees a teammate; None for a row
+        without a solution."""
+        problem = getattr(env, "problem", None)
+        solution = str(problem.meta.get("solution") or "") if problem is not None else ""
+        if not solution:
+            return None
+        seat = demo_seat(env, agent)
+        return f"\\boxed{{{problem.answer}}}" if seat.answers and seat.sees_teammates else solution
 
     def __repr__(self) -> str:
         return (

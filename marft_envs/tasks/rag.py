@@ -86,7 +86,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from marft_envs import data
 from marft_envs.data import resolve_data_dir
-from marft_envs.tasks.base import GradeResult, Problem, Task
+from marft_envs.tasks.base import GradeResult, Problem, Task, demo_seat
 from marft_envs.tasks.kb import KnowledgeBase
 
 __all__ = [
@@ -588,14 +588,12 @@ class RAGTask(Task):
         by_id = {d.id: d for d in self.documents(problem)}
         support = [i for i in problem.meta.get("support") or [] if i in by_id]
         missing = [i for i in support if i not in seen]
-        tools = [t.name for t in env.tool_loop.tools.get(agent, ())]
-        called = any(m.get("role") == "tool" for m in env.tool_loop.transcript(agent))
-        if "search" in tools and missing and not called:
+        seat = demo_seat(env, agent)
+        if "search" in seat.tools and missing and not seat.calls:
             return env.tool_loop.parser.example("search", {"query": by_id[missing[0]].title})
-        profile = env.team.profiles.get(agent)
-        if profile is not None and profile.with_answer:
+        if seat.answers:
             return f"Answer: {problem.answer}"
-        if view is None and not tools:  # sees no documents: the rewriter
+        if view is None and not seat.tools:  # sees no documents: the rewriter
             return problem.question
         named = [i for i in support if i in seen] or seen
         return " ".join(named) if named else "none"

@@ -30,7 +30,7 @@ pytest.importorskip("marft_algos.models")
 
 
 def _policy(env_id, **kw):
-    agents = marft_envs.make(env_id).possible_agents
+    agents = marft_envs.make(env_id, **kw.get("env_kwargs", {})).possible_agents
     return make_policy(GRPOConfig(env_id=env_id, model="tiny-random", device="cpu", **kw), agents)
 
 
@@ -232,7 +232,8 @@ def test_cli_sft_then_train_init(tmp_path, capsys):
     argv = ["train", "--env", "echo-duo-v0", "--algo", "grpo", "--steps", "1", "--out", str(rl), "--init", str(sft),
             "--model", "tiny-random", "--set", "num_envs=2", "--set", "group_size=2", "--set", "progress=false",
             "--set", 'sampling_overrides={"speaker": {"max_new_tokens": 3}, "listener": {"max_new_tokens": 3}}']
-    assert main(argv) == 0
+    with pytest.warns(UserWarning, match=r"listener: max_new_tokens=3, demos p90 \d+"):  # 3 tokens cut the demos
+        assert main(argv) == 0
     assert json.loads((rl / "config.json").read_text())["init_from"] == str(sft)
     assert main(["sft", "--env", "echo-duo-v0", "--demos", "scripted", "--model", "tiny-random", "--out", str(tmp_path / "x")]) == 2
     assert "no scripted" in capsys.readouterr().err
@@ -248,9 +249,10 @@ def test_warmstart_benchmark_runs_on_the_tiny_model(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "bench"
-    assert bench.main(["--model", "tiny-random", "--envs", "arith-calc-duo-v0", "--eval-n", "2", "--num-demos", "2",
-                       "--epochs", "1", "--steps", "1", "--num-envs", "2", "--group-size", "2", "--max-new-tokens", "4",
-                       "--eval-batch", "2", "--out", str(out)]) == 0
+    with pytest.warns(UserWarning, match="SFT taught responses longer"):  # a smoke run: 4 new tokens cut the demos
+        assert bench.main(["--model", "tiny-random", "--envs", "arith-calc-duo-v0", "--eval-n", "2", "--num-demos", "2",
+                           "--epochs", "1", "--steps", "1", "--num-envs", "2", "--group-size", "2", "--max-new-tokens", "4",
+                           "--eval-batch", "2", "--out", str(out)]) == 0
     data = json.loads((out / "sft_warmstart.json").read_text())
     assert [r["system"] for r in data["rows"]] == ["base", "sft", "sft + rl"]
     for row in data["rows"]:
@@ -258,3 +260,98 @@ def test_warmstart_benchmark_runs_on_the_tiny_model(tmp_path):
         assert 0.0 <= row["tool_lo"] <= row["tool_rate"] <= row["tool_hi"] <= 1.0
     assert [d["difference"] for d in data["diffs"]] == ["sft - base", "sft + rl - sft"]
     assert (out / "arith-calc-duo-v0" / "sft" / "sft.json").is_file() and (out / "sft_warmstart.md").is_file()
+
+
+NATALIA = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+           "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
+
+
+def test_gsm8k_worked_solutions_become_calculator_segments():
+    from marft_envs.tasks.gsm8k import calculator_segments, worked_solution
+
+    assert worked_solution(NATALIA) == ("Natalia sold 48/2 = 24 clips in May.\n"
+                                        "Natalia sold 48+24 = 72 clips altogether in April and May.")
+    assert calculator_segments(NATALIA, 4) == [("Natalia sold 48/2 =", "48/2"),
+                                               ("24 clips in May.\nNatalia sold 48+24 =", "48+24"),
+                                               ("72 clips altogether in April and May.", None)]
+    # the call budget cuts the plan: later computations stay in the text, as the worked solution writes them
+    assert calculator_segments(NATALIA, 1)[1] == ("24 clips in May.\nNatalia sold 48+24 = 72 clips altogether in April and May.", None)
+    assert calculator_segments(NATALIA, 0) == [(worked_solution(NATALIA), None)]
+    # an annotation the calculator does not reproduce (a typo in the data, a unit) is never called
+    odd = "He pays 3 x 4 = <<3 x 4=12>>12 dollars and 5 = <<2+2=5>>5 more.\n#### 17"
+    assert calculator_segments(odd, 4) == [("He pays 3 x 4 = 12 dollars and 5 = 5 more.", None)]
+
+
+def test_gsm8k_scripted_demos_cover_the_train_split(data_dir):
+    """On every GSM8K train row the pieces are the worked solution, cut at calls whose
+    expressions the calculator reproduces; it reproduces every one of the split's annotations."""
+    from marft_envs.data import load_split
+    from marft_envs.tasks import gsm8k
+
+    def squeeze(text):
+        return "".join(text.split())
+
+    rows = load_split("gsm8k", "train", data_dir)
+    annotations = calls = 0
+    for row in rows:
+        annotated = [(x.strip(), r) for x, r in gsm8k._ANNOTATION.findall(row["answer"])]
+        assert all(gsm8k._reproduces(x, r) for x, r in annotated), row["answer"]
+        pieces = gsm8k.calculator_segments(row["answer"], 4)
+        assert squeeze("".join(t for t, _ in pieces)) == squeeze(gsm8k.worked_solution(row["answer"]))
+        exprs = [e for _, e in pieces if e is not None]
+        assert exprs == [x for x, _ in annotated][: len(exprs)] and len(exprs) == min(4, len(annotated))
+        annotations, calls = annotations + len(annotated), calls + len(exprs)
+    assert len(rows) == 7473 and calls > 2.5 * len(rows) and annotations > 23_000
+
+
+@pytest.mark.parametrize("env_id", ["gsm8k-calc-solo-v0", "gsm8k-calc-duo-v0", "gsm8k-duo-v0", "gsm8k-solo-v0", "gsm8k-planner-v0",
+                                    "math-duo-v0", "math-solo-v0"])
+def test_gsm8k_and_math_scripted_policies_solve_their_envs(env_id, data_dir):
+    for seed in range(3):
+        env = marft_envs.make(env_id, data_dir=str(data_dir))
+        env.reset(seed=seed)
+        _play_scripted(env)
+        assert env.graded["grade"]["correct"], (env_id, seed)
+
+
+def test_gsm8k_scripted_solo_solves_with_the_calculator_and_the_duo_checks(data_dir):
+    env = marft_envs.make("gsm8k-calc-solo-v0", data_dir=str(data_dir))
+    env.reset(options={"problem_index": 0})  # Natalia's clips: two annotated computations
+    assert env.problem.meta["solution"] == NATALIA
+    texts = _play_scripted(env)
+    call = env.tool_loop.parser.example
+    assert texts == [("actor", "Natalia sold 48/2 =\n" + call("calculator", {"expression": "48/2"})),
+                     ("actor", "24 clips in May.\nNatalia sold 48+24 =\n" + call("calculator", {"expression": "48+24"})),
+                     ("actor", "72 clips altogether in April and May.\nThe answer is \\boxed{72}.")]
+    assert env.graded["grade"]["correct"]
+    env = marft_envs.make("gsm8k-calc-duo-v0", data_dir=str(data_dir))
+    env.reset(options={"problem_index": 0})
+    texts = _play_scripted(env)  # the reasoner writes the solution; the actor checks its last computation, then answers
+    assert texts == [("reasoner", "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether in April and May."),
+                     ("actor", call("calculator", {"expression": "48+24"})), ("actor", "The answer is \\boxed{72}.")]
+    policy = _policy("gsm8k-calc-solo-v0", env_kwargs={"data_dir": str(data_dir)})
+    demos, stats = scripted_demos(policy, lambda: marft_envs.make("gsm8k-calc-solo-v0", data_dir=str(data_dir)), 2, seed=0)
+    assert stats["kept"] == 2 and {d.role for d in demos} == {"actor"} and len(demos) >= 4  # every call and the answer
+
+
+def test_sft_records_demo_lengths_and_rl_that_would_cut_them_is_warned(tmp_path, data_dir):
+    from marft_algos.sft import demo_lengths
+
+    assert demo_lengths([Demo("a", [1], [0] * n) for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)] + [Demo("b", [1], [0] * 4)]) == \
+        {"a": {"p50": 5, "p90": 9, "max": 10}, "b": {"p50": 4, "p90": 4, "max": 4}}
+    kw = {"data_dir": str(data_dir)}
+    out = tmp_path / "sft"
+    cfg = SFTConfig(env_id="gsm8k-calc-solo-v0", env_kwargs=kw, demos="scripted", num_demos=2, model="tiny-random",
+                    device="cpu", out_dir=str(out), epochs=1)
+    result = run_sft(cfg, log=None)
+    lengths = json.loads((out / "sft.json").read_text())["result"]["response_tokens"]
+    assert lengths == result.response_tokens and set(lengths) == {"actor"} and lengths["actor"]["p90"] > 24
+    p90 = lengths["actor"]["p90"]
+    for source in (out, result.checkpoint):  # the run dir or its checkpoint
+        with pytest.warns(UserWarning, match=rf"actor: max_new_tokens=24, demos p90 {p90}"):
+            make_policy(GRPOConfig(env_id="gsm8k-calc-solo-v0", env_kwargs=kw, model="tiny-random", device="cpu", init_from=str(source),
+                                   sampling_overrides={"actor": {"max_new_tokens": 24}}), ["actor"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # room for the demos: no warning
+        make_policy(GRPOConfig(env_id="gsm8k-calc-solo-v0", env_kwargs=kw, model="tiny-random", device="cpu", init_from=str(out),
+                               sampling_overrides={"actor": {"max_new_tokens": p90}}), ["actor"])

@@ -550,6 +550,7 @@ def test_equal_budget_records_folder_holds_the_results_and_pools_across_outs(eb:
     assert row["seeds"] == "0,1"
 
 
+@pytest.mark.filterwarnings("ignore:init_from=.*SFT taught responses longer")  # a smoke run cuts the demos on purpose
 def test_equal_budget_majk_plays_the_same_problems_when_eval_n_exceeds_the_split(eb: ModuleType, tmp_path: Path) -> None:
     """--eval-n above the split size: evaluate() plays the whole split, and maj@k must vote on exactly those problems."""
     out = tmp_path / "eb"
@@ -596,6 +597,7 @@ def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleTy
     assert "Sample efficiency" in text and "duo-grpo" in text
 
 
+@pytest.mark.filterwarnings("ignore:init_from=.*SFT taught responses longer")  # a smoke run cuts the demos on purpose
 def test_equal_budget_warm_system_starts_rl_from_its_sft_run(eb: ModuleType, tmp_path: Path) -> None:
     """A warm system runs `marft sft` on the env's scripted demos first and trains from those adapters (init_from),
     here with a KL penalty to them (reference="init"); a re-run reuses the finished SFT run."""
@@ -638,6 +640,7 @@ def test_forward_memory_modes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "| plain |" in out and "| checkpointing |" in out and "rss_vs_plain" in out
 
 
+@pytest.mark.filterwarnings("ignore:init_from=.*SFT taught responses longer")  # a smoke run cuts the demos on purpose
 def test_equal_budget_system_env_overrides_reach_its_env(eb: ModuleType, tmp_path: Path) -> None:
     """A system's env_overrides (the compact hand-off) sit on top of --env-kwargs in its job, and the
     report has the prompt tokens the agents read."""
