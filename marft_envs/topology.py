@@ -352,6 +352,15 @@ def _norm(name: str) -> str:
     return re.sub(r"[^0-9a-z]+", "", name.lower())
 
 
+def _check_route_line(topology: Any, line: str, target: str, parses: bool) -> None:
+    """Raise when a scripted route line does not route to ``target`` under the topology's pattern."""
+    if not parses:
+        raise TopologyError(
+            f"the route line {line!r} (route_format {topology.route_format!r}) does not parse to {target!r} "
+            f"under route_pattern {topology.route_pattern!r}; pass a route_format your pattern reads"
+        )
+
+
 class Routed(Topology):
     """An orchestrator whose reply names the specialist that acts next.
 
@@ -448,11 +457,7 @@ class Routed(Topology):
         checked to parse back to it: a custom ``route_pattern`` needs its own ``route_format``."""
         line = self.route_format.format(target)
         decision = self.route(line)
-        if (decision.target, decision.status) != (target, "ok"):
-            raise TopologyError(
-                f"the route line {line!r} (route_format {self.route_format!r}) does not parse to {target!r} "
-                f"under route_pattern {self.route_pattern!r}; pass a route_format your pattern reads"
-            )
+        _check_route_line(self, line, target, (decision.target, decision.status) == (target, "ok"))
         return line
 
     def next_agent(self, executed: Executed) -> str | None:
@@ -612,11 +617,7 @@ class MultiHopRouted(SeeAll):
         """The line a scripted orchestrator writes to route to ``target`` or to finish
         (``"done"``), checked to parse back to it (see :meth:`Routed.route_line`)."""
         line = self.route_format.format(target)
-        if self.decide(line) != (target, []):
-            raise TopologyError(
-                f"the route line {line!r} (route_format {self.route_format!r}) does not parse to {target!r} "
-                f"under route_pattern {self.route_pattern!r}; pass a route_format your pattern reads"
-            )
+        _check_route_line(self, line, target, self.decide(line) == (target, []))
         return line
 
     def next_agent(self, executed: Executed) -> str | None:
