@@ -263,6 +263,7 @@ def demo_lengths(demos: Sequence[Demo]) -> dict[str, dict[str, int]]:
     by_role: dict[str, list[int]] = defaultdict(list)
     for d in demos:
         by_role[d.role].append(len(d.response_ids))
+
     def rank(q: float, lengths: list[int]) -> int:
         return lengths[max(0, math.ceil(q * len(lengths)) - 1)]
 

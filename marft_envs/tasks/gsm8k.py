@@ -45,7 +45,7 @@ def _reproduces(expression: str, result: str) -> bool:
     """Whether the calculator tool evaluates ``expression`` to the number ``result``."""
     try:
         got, want = float(calculate(expression)), float(result.replace(",", ""))
-    except (CalculatorError, ValueError):
+    except (CalculatorError, ValueError, OverflowError):
         return False
     return math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
 
