@@ -668,3 +668,21 @@ def test_equal_budget_records_tool_calls_and_reports_the_rate(eb: ModuleType) ->
     silent = {"correct_per_problem": [0, 0], "tool_calls_per_problem": [0, 0]}
     assert eb._tool_rate([ev, silent]) == "0.60 [0.23, 0.88]"  # 3 of 5 episodes, Wilson interval
     assert eb._tool_rate([ev, {"correct_per_problem": [0, 1]}]) == ""  # a job recorded before the count
+
+
+def test_scripted_demos_counts_correct_episodes_and_demo_lengths(tmp_path: Path) -> None:
+    """Each role's row: the scripted episodes graded correct, its samples (the calculator actor's call and
+    its answer are two an episode) and their token lengths, as `marft sft` records them."""
+    import marft_envs
+    from marft_algos.evaluation import untrained_policy
+    from marft_algos.sft import demo_lengths, scripted_demos
+
+    sd = _load("scripted_demos")
+    assert sd.main(["--model", "tiny-random", "--envs", "arith-calc-duo-v0", "--episodes", "3", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "scripted_demos.json").read_text())["rows"]
+    assert [(r["role"], r["episodes"], r["correct"], r["samples"]) for r in rows] == [("reasoner", 3, 3, 3), ("actor", 3, 3, 6)]
+    demos, _ = scripted_demos(untrained_policy(["reasoner", "actor"], "tiny-random"), lambda: marft_envs.make("arith-calc-duo-v0"), 3,
+                              only_correct=False)
+    assert {r["role"]: (r["tokens_p50"], r["tokens_p90"], r["tokens_max"]) for r in rows} == \
+        {role: (q["p50"], q["p90"], q["max"]) for role, q in demo_lengths(demos).items()}
+    assert "| arith-calc-duo-v0 | actor | 3 | 3 | 6 |" in (tmp_path / "scripted_demos.md").read_text()
