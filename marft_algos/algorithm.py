@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from marft_algos import losses
-from marft_algos.buffer import action_field, token_field
+from marft_algos.buffer import Minibatch, action_field, token_field
 from marft_algos.config import ConfigError, PPOLossConfig, TrainConfig
 from marft_algos.records import RolloutBatch, Transition
 
@@ -115,6 +115,11 @@ class Algorithm:
         """The policy term of ``agent`` on ``mb`` (``stats``: the policy's token statistics on it)."""
         raise NotImplementedError
 
+    def policy_term_vanishes(self, mb: Sequence[Transition]) -> bool:
+        """Is the policy term of ``mb`` exactly 0, with a gradient exactly 0, whatever the
+        policy's log-probs? Then the trainer skips its forward and backward (False: not known)."""
+        return False
+
     def value_losses(self, agent: str, mb: Sequence[Transition]) -> Terms:
         """The value-model terms of ``agent``'s minibatch (none by default)."""
         return {}
@@ -157,6 +162,17 @@ class PPOPolicy:
         """Each action's advantage broadcast over its tokens -> ``[B, T]``."""
         adv = action_field(mb, "advantages", torch.float32, stats.logprobs.device)
         return adv[:, None].expand_as(stats.logprobs)
+
+    def policy_term_vanishes(self, mb: Sequence[Transition]) -> bool:
+        """Every action's advantage is 0 and no term without one is on (``beta`` and
+        ``ent_coef`` 0): each token's clipped surrogate is ``A * rho = 0`` whatever the ratio,
+        and so is its gradient (GRPO groups whose episodes all scored alike)."""
+        c = self.ppo_config()
+        if c.beta != 0 or c.ent_coef != 0 or not len(mb):
+            return False
+        if isinstance(mb, Minibatch):
+            return bool((mb.advantages == 0).all())
+        return all(not (t.advantage or 0.0) for t in mb)  # None counts as 0, as in the padded buffer
 
     def policy_loss(self, agent: str, mb: Sequence[Transition], stats: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """Clipped surrogate (+ beta * KL to the reference, - ent_coef * entropy)."""

@@ -204,6 +204,18 @@ class OptimizerSet:
         self.steps[key] += 1
         return True, norm
 
+    def zero_gradient_step(self, key: str, agent: str, loss: torch.Tensor, metrics: dict[str, float], **kw: Any) -> tuple[bool, float | None]:
+        """:meth:`step` of group ``key`` for a ``loss`` that is identically 0 (detached; still
+        checked for being finite), without its backward: every parameter gets the zero gradient
+        the backward would give, so AdamW's momentum and weight decay still move the weights
+        and ranks still all-reduce. ``kw``: as :meth:`step` (``accumulated`` is implied)."""
+        opt = self.optimizers[key]
+        opt.zero_grad(set_to_none=True)
+        for g in opt.param_groups:
+            for p in g["params"]:
+                p.grad = torch.zeros_like(p)
+        return self.step(key, agent, loss, metrics, **{**kw, "accumulated": True})
+
     def snapshot(self, key: str) -> tuple[list[torch.Tensor], dict[str, Any], int]:
         """Group ``key``'s parameters and optimizer state, to undo a step (:meth:`restore`)."""
         opt = self.optimizers[key]

@@ -85,6 +85,10 @@ class Trainer:
 
     config_cls: ClassVar[type[TrainConfig]] = TrainConfig
     algorithm_cls: ClassVar[type[Algorithm]] = Algorithm
+    #: a policy step whose loss is identically 0 (GRPO: every group scored alike, no KL or
+    #: entropy term) skips its backward and steps AdamW on zero gradients, which is what the
+    #: backward gives; False runs it
+    skip_vanishing_updates: bool = True
     #: groups collected in the running step when train_step(num_groups=...) asked for a count
     _step_groups: int | None = None
 
@@ -305,11 +309,15 @@ class Trainer:
         if policy:
             self.policy.set_train_role(agent)
             pieces = self.micro_batches(mb)
-            loss, m = self.policy_term(agent, mb) if len(pieces) == 1 else self.accumulate(agent, pieces)
+            # a loss identically 0 has a zero gradient: its forward gives the metrics, no backward
+            zero = self.policy_term_vanishes(agent, mb)
+            with torch.no_grad() if zero else contextlib.nullcontext():
+                loss, m = self.policy_term(agent, mb) if len(pieces) == 1 else self.accumulate(agent, pieces, backward=not zero)
             metrics.update(m)
+            metrics[f"agent/{agent}/backward_skipped"] = float(zero)
             cut = self.kl_cut(agent)
             snap = self.optim.snapshot(agent) if cut is not None else None
-            if self._step("policy", agent, loss, metrics, weight=self.algorithm.units("policy", mb), accumulated=len(pieces) > 1, veto=cut) and cut is not None:
+            if self._step("policy", agent, loss, metrics, weight=self.algorithm.units("policy", mb), accumulated=len(pieces) > 1, veto=cut, zero=zero) and cut is not None:
                 # the trust region after the step: a step that moved the policy past the threshold is undone
                 with torch.no_grad():
                     after = self.dist.mean_metrics(self.policy_term(agent, mb)[1], self.algorithm.units("policy", mb))
@@ -323,6 +331,13 @@ class Trainer:
             metrics[f"agent/{agent}/loss"] = float(own)
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
+    def policy_term_vanishes(self, agent: str, mb: Sequence[Transition]) -> bool:
+        """Can ``agent``'s policy step on ``mb`` skip its backward, exactly? When
+        :attr:`skip_vanishing_updates` is on and the algorithm knows the term is identically 0
+        (:meth:`~marft_algos.algorithm.Algorithm.policy_term_vanishes`), except under FSDP
+        (there the backward is a collective of all ranks)."""
+        return self.skip_vanishing_updates and self.sharding is None and self.algorithm.policy_term_vanishes(mb)
+
     def policy_term(self, agent: str, mb: Sequence[Transition]) -> tuple[torch.Tensor, dict[str, float]]:
         """The policy's forward on ``mb`` and the algorithm's policy loss on it."""
         stats = self.policy.sequence_logprobs(  # no entropy bonus: the entropies are a metric, without a graph
@@ -331,10 +346,11 @@ class Trainer:
         )
         return self.algorithm.policy_loss(agent, mb, stats)
 
-    def accumulate(self, agent: str, pieces: Sequence[Sequence[Transition]]) -> tuple[torch.Tensor, dict[str, float]]:
+    def accumulate(self, agent: str, pieces: Sequence[Sequence[Transition]], *, backward: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
         """Forward and backward of each piece, its loss scaled by its share of the minibatch's
         units, so the summed gradients are the whole minibatch's. Returns the detached total
-        (non-finite if any piece's was: the step is then skipped) and share-weighted metrics."""
+        (non-finite if any piece's was: the step is then skipped) and share-weighted metrics.
+        ``backward=False``: the forwards only (a loss identically 0)."""
         self.optim.zero_grad(group_key("policy", agent))
         weights = [self.algorithm.units("policy", p) for p in pieces]
         whole = sum(weights)
@@ -345,7 +361,7 @@ class Trainer:
             share = w / whole if whole > 0 else 1.0 / len(pieces)
             loss, metrics = self.policy_term(agent, piece)
             part = loss * share
-            if torch.isfinite(part.detach()).all():  # a non-finite piece skips the whole step
+            if backward and torch.isfinite(part.detach()).all():  # a non-finite piece skips the whole step
                 self.optim.backward(part, whole)
             total += part.detach().double().cpu()
             for k, v in metrics.items():
@@ -353,9 +369,9 @@ class Trainer:
                 seen[k] += share
         return total, {k: sums[k] / seen[k] for k in sums if seen[k] > 0}
 
-    def _step(self, term: str, agent: str, loss: torch.Tensor, metrics: dict[str, float], **kw: Any) -> bool:
+    def _step(self, term: str, agent: str, loss: torch.Tensor, metrics: dict[str, float], *, zero: bool = False, **kw: Any) -> bool:
         key = group_key(term, agent)
-        stepped, norm = self.optim.step(key, agent, loss, metrics, **kw)
+        stepped, norm = self.optim.zero_gradient_step(key, agent, loss, metrics, **kw) if zero else self.optim.step(key, agent, loss, metrics, **kw)
         if norm is not None:
             metrics[f"{metric_prefix(key, agent)}/grad_norm"] = norm
         return stepped

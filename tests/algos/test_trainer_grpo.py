@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 
 from marft_algos.algos.grpo import GRPOConfig
 from marft_algos.config import ConfigError
+from marft_algos.optim import OptimizerSet, group_key
 from marft_algos.records import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
@@ -255,3 +258,67 @@ def test_train_step_collects_the_groups_asked_for(dynamic):
         with pytest.raises(ValueError, match="num_groups"):
             t.train_step(bad)
     assert t.groups_this_step() == 3 and t.global_step == 2  # a refused step changes nothing
+
+
+@pytest.mark.parametrize("epochs,minibatches", [(1, 1), (2, 2)])
+def test_a_step_without_signal_skips_the_backward_and_steps_exactly_as_the_full_path(monkeypatch, epochs, minibatches):
+    """Every group scored alike and no KL or entropy term: the policy loss and its gradient are
+    identically 0, so the trainer runs the forward (its metrics) but not the backward, and AdamW
+    steps on zero gradients. Its momentum (from a step with signal) moves the weights exactly
+    as the full path does, bit for bit, and every metric is logged."""
+    t = make(ppo_epochs=epochs, num_minibatches=minibatches, weight_decay=0.01)
+
+    def scored(returns):
+        b = t.collect()
+        for ep, r in zip(b.episodes, returns, strict=True):
+            ep.team_return = r
+            for tr in ep.transitions:
+                tr.team_reward = r
+        t.estimate(b)
+        return b
+
+    t.update(scored([1.0, 0.0, 0.0, 1.0]))  # a step with signal: AdamW's moments are non-zero from here on
+    batch = scored([1.0] * 4)  # every episode of every group scores alike
+    assert all(tr.advantage == 0 for tr in batch.transitions)
+    keys = {a: group_key("policy", a) for a in t.agents}
+    snaps = {a: t.optim.snapshot(k) for a, k in keys.items()}
+    backwards = {"n": 0}
+    real_backward = OptimizerSet.backward
+
+    def counted(self, *a, **kw):
+        backwards["n"] += 1
+        return real_backward(self, *a, **kw)
+
+    monkeypatch.setattr(OptimizerSet, "backward", counted)
+    m = t.update(copy.deepcopy(batch))
+    fast = _snapshot(t)
+    assert backwards["n"] == 0
+    for a in t.agents:
+        assert m[f"agent/{a}/backward_skipped"] == 1.0 and m[f"agent/{a}/policy_loss"] == 0.0 and m[f"agent/{a}/grad_norm"] == 0.0
+    for a, k in keys.items():
+        t.optim.restore(k, snaps[a])
+    t.skip_vanishing_updates = False
+    m_full = t.update(batch)
+    assert backwards["n"] > 0 and m_full[f"agent/{t.agents[0]}/backward_skipped"] == 0.0
+    assert set(m) == set(m_full)
+    for k, v in m_full.items():
+        if not k.endswith("backward_skipped"):
+            assert m[k] == pytest.approx(v, rel=1e-5, abs=1e-4), k  # a no-grad forward may round log-probs otherwise (~1e-5)
+    full = _snapshot(t)
+    assert all(torch.equal(a, b) for a, b in zip(fast, full, strict=True))
+    before = [p for a in t.agents for p in snaps[a][0]]
+    assert not all(torch.equal(a, b) for a, b in zip(before, full, strict=True))  # the step moved the weights
+
+
+def test_terms_without_advantages_keep_the_backward():
+    t = make()
+    mb = batch_from_returns([[1.0, 1.0]]).agent_transitions("speaker")
+    for tr in mb:
+        tr.advantage = 0.0
+    assert t.algorithm.policy_term_vanishes(mb)
+    for name in ("beta", "ent_coef"):
+        setattr(t.config, name, 0.01)
+        assert not t.algorithm.policy_term_vanishes(mb), name  # the KL / entropy term has a gradient
+        setattr(t.config, name, 0.0)
+    mb[0].advantage = 0.5
+    assert not t.algorithm.policy_term_vanishes(mb)
