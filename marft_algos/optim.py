@@ -223,13 +223,14 @@ class OptimizerSet:
         return params, copy.deepcopy(opt.state_dict()), self.steps[key]
 
     def restore(self, key: str, snap: tuple[list[torch.Tensor], dict[str, Any], int]) -> None:
-        """Undo group ``key``'s steps since :meth:`snapshot` (weights, optimizer state, step count)."""
+        """Undo group ``key``'s steps since :meth:`snapshot` (weights, optimizer state, step
+        count). The snapshot stays as it was: it can be restored again."""
         params, state, steps = snap
         opt = self.optimizers[key]
         with torch.no_grad():
             for p, saved in zip((p for g in opt.param_groups for p in g["params"]), params, strict=True):
                 p.copy_(saved)
-        opt.load_state_dict(state)
+        opt.load_state_dict(copy.deepcopy(state))  # load_state_dict keeps the tensors: later steps would change them in place
         self.steps[key] = steps
 
     def end_round(self) -> None:

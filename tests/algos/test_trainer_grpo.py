@@ -322,3 +322,24 @@ def test_terms_without_advantages_keep_the_backward():
         setattr(t.config, name, 0.0)
     mb[0].advantage = 0.5
     assert not t.algorithm.policy_term_vanishes(mb)
+
+
+def test_a_snapshot_restores_the_same_state_twice():
+    """OptimizerSet.restore copies the saved AdamW state: steps after one restore leave the snapshot as it was."""
+    t = make()
+    key = group_key("policy", "speaker")
+    params = list(t.policy.trainable_parameters("speaker"))
+
+    def step():
+        for p in params:
+            p.grad = torch.ones_like(p)
+        t.optim.optimizers[key].step()
+
+    step()
+    snap = t.optim.snapshot(key)
+    after = []
+    for _ in range(2):
+        t.optim.restore(key, snap)
+        step()
+        after.append([p.detach().clone() for p in params] + [s["exp_avg"].clone() for s in t.optim.optimizers[key].state.values()])
+    assert all(torch.equal(a, b) for a, b in zip(*after, strict=True))

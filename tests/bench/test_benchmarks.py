@@ -686,3 +686,13 @@ def test_scripted_demos_counts_correct_episodes_and_demo_lengths(tmp_path: Path)
     assert {r["role"]: (r["tokens_p50"], r["tokens_p90"], r["tokens_max"]) for r in rows} == \
         {role: (q["p50"], q["p90"], q["max"]) for role, q in demo_lengths(demos).items()}
     assert "| arith-calc-duo-v0 | actor | 3 | 3 | 6 |" in (tmp_path / "scripted_demos.md").read_text()
+
+
+def test_zero_signal_update_times_both_paths_and_finds_them_bit_identical(tmp_path: Path) -> None:
+    """The skipped backward and the full path leave the same weights, bit for bit, from the same AdamW state."""
+    zs = _load("zero_signal_update")
+    assert zs.main(["--model", "tiny-random", "--env", "echo-duo-v0", "--num-envs", "4", "--group-size", "2", "--repeats", "2",
+                    "--out", str(tmp_path)]) == 0
+    got = json.loads((tmp_path / "zero_signal_update.json").read_text())
+    assert got["row"]["bitwise_equal"] is True and got["row"]["actions"] == 8
+    assert len(got["seconds"]["skip"]) == len(got["seconds"]["full"]) == 2
