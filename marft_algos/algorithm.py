@@ -117,7 +117,7 @@ class Algorithm:
 
     def policy_term_vanishes(self, mb: Sequence[Transition]) -> bool:
         """Is the policy term of ``mb`` exactly 0, with a gradient exactly 0, whatever the
-        policy's log-probs? Then the trainer skips its forward and backward (False: not known)."""
+        policy's log-probs? Then the trainer skips its backward (False: not known)."""
         return False
 
     def value_losses(self, agent: str, mb: Sequence[Transition]) -> Terms:
