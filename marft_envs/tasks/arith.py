@@ -244,8 +244,11 @@ class ArithTask(Task):
         """A scripted demonstration for ``agent`` of ``env`` (SFT warm starts, docs/sft.md).
 
         An agent with the ``calculator`` tool and no result yet this turn calls it on the
-        expression; an answering agent gives the boxed result; any other agent writes the
-        short reasoning format ``a - b: a - 10 = x, x - 8 = y. So a - b = y.`` (a routing
+        expression; an answering agent that sees a teammate gives the boxed result, one that
+        works alone states the sum first (``a - b = y. \\boxed{y}``: a bare boxed number
+        teaches a solo agent to guess, and the reasoning format, ~50 tokens, would not fit
+        the quickstart's 24 for an answering agent); any other agent writes the short
+        reasoning format ``a - b: a - 10 = x, x - 8 = y. So a - b = y.`` (a routing
         orchestrator's route lines are the env's: :meth:`TextTeamEnv.demo_action`)."""
         problem = getattr(env, "problem", None)
         if problem is None:
@@ -255,7 +258,7 @@ class ArithTask(Task):
         if "calculator" in seat.tools and not seat.calls:
             return env.tool_loop.parser.example("calculator", {"expression": expr})
         if seat.answers:
-            return f"\\boxed{{{result}}}"
+            return f"\\boxed{{{result}}}" if seat.sees_teammates or seat.calls else f"{expr} = {result}. \\boxed{{{result}}}"
         return _reasoning(expr, result)
 
     def __repr__(self) -> str:

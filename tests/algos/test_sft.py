@@ -72,6 +72,19 @@ def test_scripted_demos_use_the_tools_and_a_short_reasoning_format():
     assert marft_envs.make("echo-duo-v0").task.__class__.__dict__.get("demo_action") is None
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_an_arith_agent_that_answers_alone_states_the_sum(seed):
+    # a bare boxed number taught the solo agent to guess (docs/results.md); one that reads a
+    # teammate or the calculator's result still answers with the boxed number only
+    for env_id, bare in [("arith-solo-v0", False), ("arith-duo-v0", True), ("arith-calc-solo-v0", True)]:
+        env = marft_envs.make(env_id)
+        env.reset(seed=seed)
+        answer, expr = env.problem.answer, env.problem.meta["expression"]
+        last = _play_scripted(env)[-1][1]
+        assert last == (f"\\boxed{{{answer}}}" if bare else f"{expr} = {answer}. \\boxed{{{answer}}}"), env_id
+        assert env.graded["grade"]["correct"]
+
+
 def test_scripted_routers_reach_every_role():
     env = marft_envs.make("arith-planner-v0")
     env.reset(seed=0)
