@@ -154,7 +154,7 @@ COMPARISONS: list[tuple[str, str]] = [
     ("solo-majk", "untrained-solo"),  # does sampling k and voting beat one greedy answer?
     # issue 30: team - solo, branching - plain, warm - cold
     *[(d, "solo-grpo") for d in _BRANCHED[:2]],
-    *[(d, "solo-grpo-warm") for d in ("duo-grpo-warm", "duo-marft-action-warm", *_BRANCHED[2:])],
+    *[(d, "solo-grpo-warm") for d in ("duo-grpo-warm", "duo-marft-action-warm", *_BRANCHED[2:], "duo-grpo-warm-kl")],
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
     *[(s.name, s.cold) for s in SYSTEMS if s.cold],
     ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"), ("duo-grpo-warm-kl", "duo-marft-action"),
