@@ -32,7 +32,10 @@ different places, where the checkpoints are not kept. ``--jobs N`` runs N jobs a
 subprocesses with one thread each. The report (``equal_budget.md/.csv/.json/.png``) has
 per-system means over seeds, Wilson intervals of the pooled accuracy and paired
 bootstrap intervals of the differences (:func:`paired_bootstrap`); a system without a
-JSON is reported as "not run".
+JSON is reported as "not run". A MARFT job whose collapse guard gives up
+(:class:`~marft_algos.recovery.CollapseError`) ends there, short of the budget, on its last
+good weights: it is evaluated and recorded like any job (``stopped`` in its JSON, the
+report's ``status``), never dropped, so a system that collapses keeps its seeds in the pool.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from marft_algos.cli import (  # noqa: E402
     quickstart_sampling,
     tool_roles,
 )
+from marft_algos.recovery import CollapseError  # noqa: E402
 
 __all__ = ["main", "build_parser", "paired_bootstrap", "fit_groups", "SYSTEMS", "System", "queue", "COMPARISONS", "tokens_to_target", "TABLE_COLUMNS", "DIFF_COLUMNS", "PER_SEED_COLUMNS"]
 
@@ -431,10 +435,14 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         if args.curve_every_tokens:
             prog["heldout_curve"].insert(0, {"tokens": 0, **prog["init_eval"]["curve_point"]})
     full = config.num_envs // trainer.algorithm.group_size
-    while prog["tokens"] < args.token_budget and trainer.global_step < args.max_steps:
+    while "stopped" not in prog and prog["tokens"] < args.token_budget and trainer.global_step < args.max_steps:
         t0, c0 = time.perf_counter(), time.process_time()
         n = fit_groups(prog["tokens"], prog["groups"], args.token_budget, full)
-        m = trainer.train_step(n)
+        try:
+            m = trainer.train_step(n)
+        except CollapseError as e:  # the recipe's collapse guard gave up: the run ends on its last good weights
+            m = {**e.metrics, "recovery/stopped": 1.0}
+            prog["stopped"] = {"step": e.step, "reasons": e.reasons, "message": str(e)}
         before = prog["tokens"]
         prog["groups"] += n
         prog["spent"] += time.perf_counter() - t0
@@ -447,7 +455,10 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         if _curve_due(before, prog["tokens"], args.curve_every_tokens) and prog["tokens"] < args.token_budget:
             ev = _heldout(trainer.policy, env_id, env_kwargs, args, n=args.curve_eval_n)
             prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
-        if args.checkpoint_every and trainer.global_step % args.checkpoint_every == 0:
+        if "stopped" in prog:  # its tokens were generated and count; a re-run evaluates, never trains on
+            prog["stopped"]["tokens"] = prog["tokens"]
+            print(f"[equal-budget] {system.name} seed {seed} stopped: {prog['stopped']['message']}", flush=True)
+        if "stopped" in prog or (args.checkpoint_every and trainer.global_step % args.checkpoint_every == 0):
             prog["job_wall"] = wall_before + time.perf_counter() - started[0]
             prog["job_cpu"] = cpu_before + time.process_time() - started[1]
             _save_progress(trainer, run_dir, prog)
@@ -458,6 +469,8 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         train_cpu_minutes=prog["cpu"] / 60, curve=prog["curve"], resumed_at=prog.get("resumed_at"),
         job_minutes_before_resume=wall_before / 60, job_cpu_minutes_before_resume=cpu_before / 60,
         config={k: v for k, v in config.to_dict().items() if k in CONFIG_KEPT})
+    if "stopped" in prog:
+        rec["stopped"] = prog["stopped"]
     rec["eval"] = _heldout(trainer.policy, env_id, env_kwargs, args)
     if args.curve_every_tokens:  # the final point, on the curve's own problem set
         ev = _on_curve_set(trainer.policy, env_id, env_kwargs, args, rec["eval"])
@@ -677,8 +690,14 @@ def _row(s: System, recs: list[dict[str, Any]], args: argparse.Namespace) -> dic
         "eval_tokens_per_episode": float(np.mean([r["eval"]["mean_tokens"] for r in recs])),
         # prompt tokens the agents read (jobs written before it was recorded: nan)
         "eval_prompt_tokens_per_episode": float(np.mean([r["eval"].get("mean_prompt_tokens", float("nan")) for r in recs])),
-        "tool_call_rate": _tool_rate([r["eval"] for r in recs]), "status": "ok",
+        "tool_call_rate": _tool_rate([r["eval"] for r in recs]), "status": _status(recs),
     }
+
+
+def _status(recs: Sequence[dict[str, Any]]) -> str:
+    """"ok", or the seeds the collapse guard stopped before the budget (at how many tokens)."""
+    stopped = [f"seed {r['seed']} at {r['stopped']['tokens']} tokens" for r in recs if "stopped" in r]
+    return "ok" if not stopped else "collapse guard stopped " + ", ".join(stopped)
 
 
 def _tool_rate(evals: Sequence[dict[str, Any]]) -> str:

@@ -563,7 +563,7 @@ class RecoveryConfig:
     warmup: int = field(default=2, metadata={"help": "Healthy steps before the entropy and reward detectors are armed."})
     every: int = field(default=1, metadata={"help": "Save a recovery checkpoint every N healthy steps."})
     lr_factor: float = field(default=0.5, metadata={"help": "Multiply every learning rate by this on each rollback."})
-    max_rollbacks: int = field(default=3, metadata={"help": "Stop with an error at the next collapse after this many rollbacks."})
+    max_rollbacks: int = field(default=3, metadata={"help": "Stop at the next collapse after this many rollbacks: the last good checkpoint is restored once more and CollapseError raised."})
 
     def __post_init__(self) -> None:
         _check(0 < self.lr_factor <= 1, f"recovery.lr_factor must be in (0, 1], got {self.lr_factor}")

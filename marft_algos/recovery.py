@@ -30,7 +30,8 @@ the RNG keep running (the run continues on new problems instead of replaying the
 that collapsed it), and the metrics history is kept (the collapse stays visible). Each
 rollback is logged (``recovery/rollbacks``, ``recovery/reason/<reason>``, a warning, and
 a ``recovery.jsonl`` line in the run directory). After ``max_rollbacks`` rollbacks a
-further collapse raises :class:`CollapseError`.
+further collapse restores the last good checkpoint once more (without lowering the learning
+rate) and raises :class:`CollapseError`: training stops on the last healthy weights.
 """
 
 from __future__ import annotations
@@ -61,7 +62,17 @@ ROLLBACK_PARTS = ("weights", "optimizers", "schedulers")
 
 
 class CollapseError(RuntimeError):
-    """A collapse after the allowed number of rollbacks."""
+    """A collapse after the allowed number of rollbacks. Raised with the trainer back on the
+    last good checkpoint's weights and optimisation state (what a user keeps or evaluates);
+    ``step``, ``reasons`` and ``metrics`` are the collapsed step's (its ``rollout/tokens``
+    were generated: a token budget counts them)."""
+
+    def __init__(self, message: str, *, step: int | None = None, reasons: list[str] | None = None,
+                 metrics: Mapping[str, float] | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.reasons = list(reasons or [])
+        self.metrics = dict(metrics or {})
 
 
 class CollapseDetector:
@@ -252,25 +263,32 @@ class CollapseRecovery(Callback):
             self._prune()
             return False
         if len(self.rollbacks) >= self.s.max_rollbacks:
+            path, _ = self._restore_good()
             raise CollapseError(
                 f"step {t.global_step}: collapse ({', '.join(reasons)}) after {len(self.rollbacks)} rollbacks "
-                f"(max_rollbacks={self.s.max_rollbacks}); stopping"
-            )
+                f"(max_rollbacks={self.s.max_rollbacks}); stopping with the weights of the last good checkpoint "
+                f"({path.name})", step=t.global_step, reasons=reasons, metrics=metrics)
         self.rollback(reasons, metrics)
         return True
+
+    def _restore_good(self) -> tuple[Path, dict[str, Any]]:
+        """Load the last good checkpoint; returns it (path, saved detector state and lr scale).
+
+        Only the model and its optimisation state go back: the step counter, counters,
+        metrics history, problem stream and RNG streams run on (new problems, the collapse
+        stays visible in the log), and the rollbacks so far still count."""
+        assert self.good is not None
+        path, saved = self.good
+        load_checkpoint(self.trainer, path, parts=ROLLBACK_PARTS)
+        # the detector's baselines as they were at that checkpoint; the skip counter is kept
+        self.detector.load_state_dict({**saved["detector"], "last_nonfinite": self.detector.last_nonfinite})
+        return path, saved
 
     def rollback(self, reasons: list[str], metrics: dict[str, float] | None = None) -> None:
         """Restore the last good checkpoint, scale every learning rate by ``lr_factor``."""
         t = self.trainer
-        assert self.good is not None
-        path, saved = self.good
+        path, saved = self._restore_good()
         lr_scale = getattr(t, "lr_scale", 1.0) * self.s.lr_factor
-        # Only the model and its optimisation state go back: the step counter, counters,
-        # metrics history, problem stream and RNG streams run on (new problems, the collapse
-        # stays visible in the log), and the rollbacks so far still count.
-        load_checkpoint(t, path, parts=ROLLBACK_PARTS)
-        # the detector's baselines as they were at that checkpoint; the skip counter is kept
-        self.detector.load_state_dict({**saved["detector"], "last_nonfinite": self.detector.last_nonfinite})
         # lower every learning rate: the restored states carry the scale in force when they
         # were saved; bring them to the new cumulative scale (schedulers scale from base_lrs)
         factor = lr_scale / saved["lr_scale"]

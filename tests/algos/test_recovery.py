@@ -164,6 +164,39 @@ def test_too_many_rollbacks_stop_with_an_error(tmp_path, monkeypatch):
     assert t.counters["recovery/rollbacks"] == 1
 
 
+def test_the_stop_leaves_the_last_good_weights_and_says_what_stopped_it(tmp_path, monkeypatch):
+    # steps 1-2 healthy (step 2 validates step 1's checkpoint), every later update poisons a
+    # weight: step 3 rolls back to step 1's weights, step 4 stops, on step 1's weights again
+    t = recovering_trainer(tmp_path, recovery={"warmup": 1, "reward_drop": None, "max_rollbacks": 1}, steps=6)
+    start = policy_weights(t)
+    real_update, real_step = MARFTActionTrainer.update, MARFTActionTrainer.train_step
+    after: dict[int, list[torch.Tensor]] = {}
+
+    def poisoning_update(self, batch):
+        m = real_update(self, batch)
+        if self.global_step >= 2:  # the update of the 3rd step on (global_step counts finished steps)
+            with torch.no_grad():
+                next(iter(self.policy.trainable_parameters(self.agents[0]))).fill_(float("nan"))
+        return m
+
+    def step_and_snapshot(self, *a, **kw):
+        m = real_step(self, *a, **kw)
+        after[self.global_step] = policy_weights(self)
+        return m
+
+    monkeypatch.setattr(MARFTActionTrainer, "update", poisoning_update)
+    monkeypatch.setattr(MARFTActionTrainer, "train_step", step_and_snapshot)
+    with pytest.raises(CollapseError, match=r"after 1 rollbacks.*last good checkpoint \(step-0*1\)") as caught:
+        t.train()
+    e = caught.value
+    assert (e.step, e.reasons, t.global_step) == (4, ["nonfinite"], 4)
+    assert e.metrics["rollout/tokens"] > 0 and e.metrics["train/step"] == 4.0
+    now = policy_weights(t)
+    assert all(torch.isfinite(w).all() for w in now)
+    assert all(torch.equal(a, b) for a, b in zip(now, after[1], strict=True))  # step 1's weights, not the start's
+    assert not all(torch.equal(a, b) for a, b in zip(now, start, strict=True))
+
+
 def test_rollback_to_a_checkpoint_whose_adapters_never_moved(tmp_path, monkeypatch):
     # During critic warm-up the adapters stay at their initialisation; the good checkpoint
     # then holds adapters equal to a fresh policy's, and restoring it must still work.

@@ -597,6 +597,33 @@ def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleTy
     assert "Sample efficiency" in text and "duo-grpo" in text
 
 
+def test_equal_budget_a_run_the_collapse_guard_stops_is_recorded_not_lost(eb: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When MARFT's collapse guard gives up (CollapseError), the job still yields a record: evaluated on the
+    last good weights, the stopped step's tokens counted, flagged in the record and the report's status; a
+    re-run evaluates again and never trains past the stop (dropping the seed would bias the pooled results)."""
+    # deferred: the trainer stack, for the injected fault only
+    from marft_algos.recovery import CollapseDetector
+
+    real = CollapseDetector.check
+    monkeypatch.setattr(CollapseDetector, "check", lambda self, metrics, params=None: ["injected"] if metrics["train/step"] >= 2 else real(self, metrics, params))
+    out = tmp_path / "eb"
+    argv = ["--model", "tiny-random", "--eval-n", "3", "--seeds", "0", "--jobs", "0", "--set", "num_envs=2", "--group-size", "2",
+            "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-marft-action", "--token-budget", "400",
+            "--set", "recovery.max_rollbacks=0", "--out", str(out)]
+    assert eb.main(argv) == 0
+    rec = json.loads((out / "runs" / "duo-marft-action" / "seed0.json").read_text())
+    assert rec["steps"] == 2 and rec["stopped"]["step"] == 2 and rec["stopped"]["reasons"] == ["injected"]
+    assert rec["train_tokens"] == rec["stopped"]["tokens"] == sum(c["rollout/tokens"] for c in rec["curve"]) < 400
+    assert rec["curve"][-1]["recovery/stopped"] == 1.0 and "last good checkpoint" in rec["stopped"]["message"]
+    (row,) = [r for r in json.loads((out / "equal_budget.json").read_text())["systems"] if r["system"] == "duo-marft-action"]
+    assert row["status"] == f"collapse guard stopped seed 0 at {rec['train_tokens']} tokens"
+    (out / "runs" / "duo-marft-action" / "seed0.json").unlink()
+    assert eb.main(argv) == 0
+    again = json.loads((out / "runs" / "duo-marft-action" / "seed0.json").read_text())
+    assert (again["steps"], again["train_tokens"], again["resumed_at"]) == (2, rec["train_tokens"], [2])
+    assert again["correct_per_problem"] == rec["correct_per_problem"]
+
+
 @pytest.mark.filterwarnings("ignore:init_from=.*SFT taught responses longer")  # a smoke run cuts the demos on purpose
 def test_equal_budget_warm_system_starts_rl_from_its_sft_run(eb: ModuleType, tmp_path: Path) -> None:
     """A warm system runs `marft sft` on the env's scripted demos first and trains from those adapters (init_from),
