@@ -452,7 +452,7 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         prog["curve"].append(_step_record(m, prog["tokens"], prog["spent"] / 60))
         print(f"[equal-budget] {system.name} seed {seed} step {trainer.global_step}: reward {m.get('team/reward', float('nan')):.3f}, "
               f"{prog['tokens']}/{args.token_budget} tokens, {prog['spent'] / 60:.1f} min", flush=True)
-        if _curve_due(before, prog["tokens"], args.curve_every_tokens) and prog["tokens"] < args.token_budget:
+        if _curve_due(before, prog["tokens"], args.curve_every_tokens) and prog["tokens"] < args.token_budget and "stopped" not in prog:
             ev = _heldout(trainer.policy, env_id, env_kwargs, args, n=args.curve_eval_n)
             prog["heldout_curve"].append({"tokens": prog["tokens"], "accuracy": ev["accuracy"], "n": ev["n"]})
         if "stopped" in prog:  # its tokens were generated and count; a re-run evaluates, never trains on

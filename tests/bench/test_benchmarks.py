@@ -609,12 +609,13 @@ def test_equal_budget_a_run_the_collapse_guard_stops_is_recorded_not_lost(eb: Mo
     out = tmp_path / "eb"
     argv = ["--model", "tiny-random", "--eval-n", "3", "--seeds", "0", "--jobs", "0", "--set", "num_envs=2", "--group-size", "2",
             "--max-new-tokens", "4", "--bootstrap", "50", "--systems", "duo-marft-action", "--token-budget", "400",
-            "--set", "recovery.max_rollbacks=0", "--out", str(out)]
+            "--set", "recovery.max_rollbacks=0", "--curve-every-tokens", "1", "--curve-eval-n", "1", "--out", str(out)]
     assert eb.main(argv) == 0
     rec = json.loads((out / "runs" / "duo-marft-action" / "seed0.json").read_text())
     assert rec["steps"] == 2 and rec["stopped"]["step"] == 2 and rec["stopped"]["reasons"] == ["injected"]
     assert rec["train_tokens"] == rec["stopped"]["tokens"] == sum(c["rollout/tokens"] for c in rec["curve"]) < 400
     assert rec["curve"][-1]["recovery/stopped"] == 1.0 and "last good checkpoint" in rec["stopped"]["message"]
+    assert [p["tokens"] for p in rec["heldout_curve"]] == [rec["curve"][0]["tokens_so_far"], rec["train_tokens"]]  # the stop's point once
     (row,) = [r for r in json.loads((out / "equal_budget.json").read_text())["systems"] if r["system"] == "duo-marft-action"]
     assert row["status"] == f"collapse guard stopped seed 0 at {rec['train_tokens']} tokens"
     (out / "runs" / "duo-marft-action" / "seed0.json").unlink()
