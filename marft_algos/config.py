@@ -556,9 +556,13 @@ class RecoveryConfig:
     entropy_max: float | None = field(default=None, metadata={"help": "Entropy surge: absolute ceiling (None = off)."})
     kl_max: float | None = field(default=1.0, metadata={"help": "KL spike: an agent's KL(rollout policy || updated policy) after the update (agent/<a>/update_kl) above this (None = off)."})
     ref_kl_max: float | None = field(default=None, metadata={"help": "KL spike: an agent's KL to the reference (agent/<a>/rollout_ref_kl, else the loss's agent/<a>/ref_kl) above this (None = off)."})
-    reward_drop: float | None = field(default=0.5, metadata={"help": "Reward collapse: reward EMA below (1 - drop) x its best (None = off)."})
-    reward_min: float = field(default=0.2, metadata={"help": "Reward collapse is only checked once the best reward EMA reaches this."})
-    reward_ema: float = field(default=0.5, metadata={"help": "Weight of the newest step in the reward EMA."})
+    reward_drop: float | None = field(default=0.5, metadata={"help": "Reward collapse: the fast reward EMA below (1 - drop) x the run's reference level (None = off)."})
+    reward_min: float = field(default=0.2, metadata={"help": "Reward collapse is only checked once the reference level reaches this."})
+    reward_ema: float = field(default=0.5, metadata={"help": "Weight of the newest step in the fast reward EMA (what the last few steps earned)."})
+    reward_ref_ema: float = field(default=0.1, metadata={"help": "Weight of the newest healthy step in the slow reference level (steps below the drop line are left out)."})
+    reward_z: float | None = field(default=3.0, metadata={"help": "Reward collapse also needs the drop to exceed this many standard errors of the fast EMA, from rollout/episodes and the reward range (None = the ratio alone)."})
+    reward_low: float = field(default=0.0, metadata={"help": "Lowest reward an episode can earn (bounds the reward noise)."})
+    reward_high: float = field(default=1.0, metadata={"help": "Highest reward an episode can earn (bounds the reward noise)."})
     baseline_ema: float = field(default=0.3, metadata={"help": "Weight of the newest healthy step in the entropy baselines."})
     warmup: int = field(default=2, metadata={"help": "Healthy steps before the entropy and reward detectors are armed."})
     every: int = field(default=1, metadata={"help": "Save a recovery checkpoint every N healthy steps."})
@@ -571,6 +575,14 @@ class RecoveryConfig:
         _check(
             self.reward_drop is None or 0 < self.reward_drop < 1,
             f"recovery.reward_drop must be in (0, 1) or None, got {self.reward_drop}",
+        )
+        for name in ("reward_ema", "reward_ref_ema"):
+            value = getattr(self, name)
+            _check(0 < value <= 1, f"recovery.{name} must be in (0, 1], got {value}")
+        _check(self.reward_z is None or self.reward_z >= 0, f"recovery.reward_z must be >= 0 or None, got {self.reward_z}")
+        _check(
+            self.reward_low < self.reward_high,
+            f"recovery.reward_low must be below recovery.reward_high, got {self.reward_low} and {self.reward_high}: set them to the env's reward range",
         )
 
 

@@ -274,7 +274,7 @@ class Distributed:
 
 #: metric keys reduced as sums over ranks (counts of things, not rates or means)
 SUMMED = (
-    "rollout/actions", "rollout/tokens", "rollout/episodes", "rollout/overlong", "rollout/context_capped",
+    "rollout/actions", "rollout/tokens", "rollout/episodes", "rollout/problems", "rollout/overlong", "rollout/context_capped",
     "rollout/length_stops", "rollout/dead_steps", "rollout/verifier_timeouts", "rollout/shared_prefill_rows",
     "rollout/groups_dropped", "rollout/groups_kept", "perf/rollout_tokens_per_s",
 )

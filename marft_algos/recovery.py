@@ -17,8 +17,20 @@ configurable thresholds (:class:`RecoveryConfig`):
   (``agent/<a>/rollout_ref_kl``, else the loss's ``agent/<a>/ref_kl``) exceeds ``ref_kl_max``.
   (The in-loss ``agent/<a>/kl`` is measured before each minibatch's step: 0 by construction
   with one epoch and one minibatch, so it cannot show a spike at the defaults.)
-- **reward collapse**: the EMA of ``team/reward`` falls below ``(1 - reward_drop)`` times
-  the best EMA seen, once that best is at least ``reward_min``.
+- **reward collapse**: a fast EMA of ``team/reward`` (the last few steps) falls below
+  ``(1 - reward_drop)`` times the run's reference level, once that level is at least
+  ``reward_min``, *and* below it by more than ``reward_z`` standard errors of the fast EMA.
+  The reference is a slow EMA of the healthy steps' rewards that skips steps already below
+  the drop line (so a collapse under way does not drag it down). The standard error is the
+  largest a stationary policy at the reference level can have: per episode the
+  Bhatia-Davis bound ``(hi - ref)(ref - lo)`` on the variance of a reward in
+  ``[reward_low, reward_high]``, divided by the step's independent units and scaled to the
+  EMA (``a / (2 - a)`` for weight ``a``). The units are the step's problems
+  (``rollout/problems``: a GRPO group's or a branching tree's episodes share one and are
+  correlated), else its ``rollout/episodes``. Without that noise test a binary reward over 16
+  episodes a step trips a 50% drop of a 0.3 policy several times a run by chance alone (the
+  best of a noisy EMA sits well above its mean): rollbacks and learning-rate cuts that are
+  noise, not collapse. A step with neither count gets the ratio test only.
 
 Checkpoints: a checkpoint is written (via :mod:`marft_algos.checkpoint`) after each
 ``every``-th healthy step. Its weights are only *validated* by the NEXT step (the step
@@ -82,8 +94,9 @@ class CollapseDetector:
         self.s = settings
         self.agents = list(agents)
         self.entropy_baseline: dict[str, float] = {}
-        self.reward_ema: float | None = None
-        self.best_reward_ema: float = -math.inf
+        self.reward_ema: float | None = None  # fast: what the last few steps earned
+        self.reward_ref: float | None = None  # slow: the level the run had reached
+        self.warned_range = False
         self.healthy_steps = 0
         self.last_nonfinite = 0.0
 
@@ -92,7 +105,7 @@ class CollapseDetector:
         return {
             "entropy_baseline": dict(self.entropy_baseline),
             "reward_ema": self.reward_ema,
-            "best_reward_ema": self.best_reward_ema,
+            "reward_ref": self.reward_ref,
             "healthy_steps": self.healthy_steps,
             "last_nonfinite": self.last_nonfinite,
         }
@@ -101,7 +114,9 @@ class CollapseDetector:
         """Restore :meth:`state_dict` (a resumed run keeps its baselines and stays armed)."""
         self.entropy_baseline = dict(state["entropy_baseline"])
         self.reward_ema = state["reward_ema"]
-        self.best_reward_ema = state["best_reward_ema"]
+        # a checkpoint written before the slow reference existed holds the best fast EMA instead
+        ref = state.get("reward_ref", state.get("best_reward_ema"))
+        self.reward_ref = None if ref is None or not math.isfinite(ref) else float(ref)
         self.healthy_steps = int(state["healthy_steps"])
         self.last_nonfinite = float(state.get("last_nonfinite", self.last_nonfinite))
 
@@ -142,25 +157,49 @@ class CollapseDetector:
             if s.ref_kl_max is not None and rkl is not None and float(rkl) > s.ref_kl_max:
                 reasons.append(f"ref_kl_spike/{a}")
         r = metrics.get("team/reward")
+        r = float(r) if r is not None and math.isfinite(float(r)) else None
         new_ema = self.reward_ema
-        if r is not None and math.isfinite(float(r)):
-            new_ema = float(r) if self.reward_ema is None else s.reward_ema * float(r) + (1 - s.reward_ema) * self.reward_ema
-            if (
-                armed
-                and s.reward_drop is not None
-                and self.best_reward_ema >= s.reward_min
-                and new_ema < (1 - s.reward_drop) * self.best_reward_ema
-            ):
-                reasons.append("reward_collapse")
+        below = False  # under the drop line: kept out of the reference, a collapse if beyond noise
+        if r is not None and not s.reward_low <= r <= s.reward_high and not self.warned_range:
+            self.warned_range = True
+            log.warning(
+                "collapse recovery: team/reward %.4g is outside [recovery.reward_low, recovery.reward_high] = [%g, %g]; "
+                "set them to the env's reward range, or the reward-collapse noise test misjudges the noise",
+                r, s.reward_low, s.reward_high,
+            )
+        if r is not None:
+            new_ema = r if self.reward_ema is None else s.reward_ema * r + (1 - s.reward_ema) * self.reward_ema
+            ref = self.reward_ref
+            if armed and s.reward_drop is not None and ref is not None and ref >= s.reward_min:
+                below = new_ema < (1 - s.reward_drop) * ref
+                units = metrics.get("rollout/problems", metrics.get("rollout/episodes"))
+                if below and (s.reward_z is None or ref - new_ema > s.reward_z * self.reward_noise(ref, units)):
+                    reasons.append("reward_collapse")
         if not reasons:  # learn baselines from healthy steps only
             self.healthy_steps += 1
             for a, e in entropies.items():
                 b = self.entropy_baseline.get(a)
                 self.entropy_baseline[a] = e if b is None else s.baseline_ema * e + (1 - s.baseline_ema) * b
             self.reward_ema = new_ema
-            if new_ema is not None:
-                self.best_reward_ema = max(self.best_reward_ema, new_ema)
+            if r is not None and not below:
+                self.reward_ref = r if self.reward_ref is None else s.reward_ref_ema * r + (1 - s.reward_ref_ema) * self.reward_ref
         return reasons
+
+    def reward_noise(self, ref: float, episodes: float | None) -> float:
+        """The largest standard deviation of the fast reward EMA under a stationary policy
+        whose mean reward is ``ref``, over ``episodes`` independent units a step (0 if unknown).
+
+        The units are the step's problems where the rollout names them (``rollout/problems``):
+        a GRPO group or a branching tree shares its problem, and the mean reward of one
+        problem's episodes is itself in ``[reward_low, reward_high]``, so the bound holds
+        for it."""
+        s = self.s
+        if not episodes or episodes <= 0:
+            return 0.0
+        mean = min(max(ref, s.reward_low), s.reward_high)
+        var_episode = (s.reward_high - mean) * (mean - s.reward_low)  # Bhatia-Davis bound
+        a = s.reward_ema
+        return math.sqrt(var_episode / float(episodes) * a / (2 - a))
 
 
 class CollapseRecovery(Callback):

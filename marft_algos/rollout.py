@@ -762,6 +762,9 @@ class RolloutCollector:
         m["team/accuracy"] = float(np.mean([bool(ep.correct) for ep in episodes]))
         m["team/tokens_per_episode"] = float(np.mean([ep.num_tokens for ep in episodes]))
         m["rollout/episodes"] = float(len(episodes))
+        ids = [ep.problem_id for ep in episodes]
+        if all(i is not None for i in ids):  # independent units: a GRPO group or a tree shares one problem
+            m["rollout/problems"] = float(len(set(ids)))
         m["perf/rollout_s"] = elapsed
         m["perf/rollout_tokens_per_s"] = counters.get("rollout/tokens", 0.0) / max(elapsed, 1e-9)
         by_agent: dict[str, list[Transition]] = defaultdict(list)

@@ -308,6 +308,7 @@ def test_cli_trains_with_branching(tmp_path):
     assert main(argv) == 0
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert row["rollout/tree_leaves"] == 8 and row["rollout/episodes"] == 8 and row["rollout/actions"] == 12
+    assert row["rollout/problems"] == 1  # one GRPO group: two trees of four leaves, all on one problem
     assert json.loads((out / "config.json").read_text())["branching"] == 2
 
 

@@ -50,11 +50,92 @@ def test_detector_baselines_learn_only_from_healthy_steps_and_warmup():
     assert d2.check(healthy(1, entropy=0.05)) == []
 
 
+def armed_at(ref: float, **settings: float) -> CollapseDetector:
+    """A detector armed with both reward levels at ``ref`` (as after a long steady run)."""
+    d = CollapseDetector(RecoveryConfig(warmup=0, **settings), AGENTS)
+    d.reward_ema = d.reward_ref = ref
+    return d
+
+
+def episodes(reward: float, n: int) -> dict[str, float]:
+    return {"team/reward": reward, "rollout/episodes": float(n)}
+
+
+def test_reward_noise_is_the_bhatia_davis_bound_scaled_to_the_ema():
+    d = armed_at(0.3)
+    # per episode (1 - 0.3)(0.3 - 0) = 0.21; 16 episodes; EMA weight 0.5 -> x 0.5 / 1.5
+    assert d.reward_noise(0.3, 16) == pytest.approx(math.sqrt(0.21 / 16 / 3))
+    assert d.reward_noise(0.3, None) == 0.0
+    wide = armed_at(0.3, reward_low=-1.0, reward_high=1.0)  # (1 - 0.3)(0.3 + 1) = 0.91
+    assert wide.reward_noise(0.3, 16) == pytest.approx(math.sqrt(0.91 / 16 / 3))
+
+
+def test_a_drop_within_the_batch_noise_is_not_a_collapse_but_the_same_drop_on_a_big_batch_is():
+    # from 0.3, two steps at 0 put the fast EMA at 0.075: under the drop line (0.15) on any batch;
+    # beyond 3 standard errors (0.3 - 3 x 0.0661 = 0.102) with 16 episodes a step, not with 4
+    big = armed_at(0.3)
+    assert big.check(episodes(0.0, 16)) == []  # 0.15: on the line, not under it
+    assert big.check(episodes(0.0, 16)) == ["reward_collapse"]  # 0.075
+    small = armed_at(0.3)
+    for _ in range(4):  # 0.15, 0.075, 0.0375, 0.019: never 3 x 0.132 = 0.397 below 0.3
+        assert small.check(episodes(0.0, 4)) == []
+    assert small.reward_ref == pytest.approx(0.3 * 0.9)  # only the first step (on the line) entered the reference
+    ratio_only = armed_at(0.3, reward_z=None)
+    ratio_only.check(episodes(0.0, 4))
+    assert ratio_only.check(episodes(0.0, 4)) == ["reward_collapse"]
+
+
+def test_the_noise_units_are_the_problems_when_the_rollout_names_them():
+    # 64 leaves of 4 trees: 4 units (0.3 - 3 x 0.132 < 0: no alarm), not 64 (an alarm)
+    trees = armed_at(0.3)
+    leaves = armed_at(0.3)
+    for _ in range(2):
+        got_trees = trees.check({**episodes(0.0, 64), "rollout/problems": 4.0})
+        got_leaves = leaves.check(episodes(0.0, 64))
+    assert got_trees == [] and got_leaves == ["reward_collapse"]
+
+
+def binary_team_rewards(levels: list[float], n: int, seed: int) -> list[float]:
+    gen = torch.Generator().manual_seed(seed)
+    return [float((torch.rand(n, generator=gen) < p).float().mean()) for p in levels]
+
+
+def alarms(rewards: list[float], n: int, **settings: float) -> list[int]:
+    d = CollapseDetector(RecoveryConfig(**settings), AGENTS)
+    return [t for t, r in enumerate(rewards) if d.check(episodes(r, n))]
+
+
+def test_a_steady_noisy_policy_is_not_a_collapse_and_a_real_one_is_caught_within_three_steps():
+    # a 0.3 policy, 16 binary episodes a step: the detector before the noise test (the best
+    # fast EMA halved) fired about 6 times in 68 such steps; now at most once in 3,000
+    fired = [alarms(binary_team_rewards([0.3] * 300, 16, seed=seed), 16) for seed in range(10)]
+    assert sum(map(len, fired)) <= 1, fired
+    # a real collapse: 0.35 for 30 steps, then 0.02
+    for seed in range(5):
+        rewards = binary_team_rewards([0.35] * 30 + [0.02] * 10, 16, seed=seed)
+        fired = alarms(rewards, 16)
+        assert fired and 30 <= fired[0] <= 32, (seed, fired)
+
+
+def test_an_old_checkpoint_state_still_loads():
+    d = CollapseDetector(RecoveryConfig(), AGENTS)
+    d.load_state_dict({"entropy_baseline": {}, "reward_ema": 0.3, "best_reward_ema": 0.4, "healthy_steps": 5})
+    assert d.reward_ref == 0.4
+    d.load_state_dict({"entropy_baseline": {}, "reward_ema": None, "best_reward_ema": -math.inf, "healthy_steps": 0})
+    assert d.reward_ref is None
+    d.load_state_dict(CollapseDetector(RecoveryConfig(), AGENTS).state_dict())
+    assert d.reward_ref is None
+
+
 def test_settings_validation():
     with pytest.raises(ValueError):
         RecoveryConfig(lr_factor=0.0)
     with pytest.raises(ValueError):
         RecoveryConfig(reward_drop=1.5)
+    with pytest.raises(ValueError, match="reward range"):
+        RecoveryConfig(reward_low=1.0, reward_high=0.0)
+    with pytest.raises(ValueError):
+        RecoveryConfig(reward_ref_ema=0.0)
 
 
 # --------------------------------------------------------------------------------------

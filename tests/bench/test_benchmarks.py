@@ -716,6 +716,15 @@ def test_scripted_demos_counts_correct_episodes_and_demo_lengths(tmp_path: Path)
     assert "| arith-calc-duo-v0 | actor | 3 | 3 | 6 |" in (tmp_path / "scripted_demos.md").read_text()
 
 
+def test_collapse_false_alarms_the_noise_test_keeps_the_catch_and_drops_the_false_alarms() -> None:
+    """On a steady 0.3 binary reward over 16 episodes the old best-EMA rule fires every few
+    steps, the library's rule almost never; both catch a drop to 0.02 within two steps."""
+    rows = {r["rule"]: r for r in _load("collapse_false_alarms").main(["--runs", "40", "--levels", "0.3"])}
+    assert rows["best-ema"]["false_alarms"] > 2 and rows["marft"]["false_alarms"] < 0.5
+    for r in rows.values():
+        assert r["missed"] == 0 and r["delay_p90"] <= 2
+
+
 def test_zero_signal_update_times_both_paths_and_finds_them_bit_identical(tmp_path: Path) -> None:
     """The skipped backward and the full path leave the same weights, bit for bit, from the same AdamW state."""
     zs = _load("zero_signal_update")
