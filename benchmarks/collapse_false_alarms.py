@@ -2,6 +2,7 @@
 
     python benchmarks/collapse_false_alarms.py                         # 16 episodes a step, levels 0.2 0.3 0.5
     python benchmarks/collapse_false_alarms.py --episodes 8 --runs 500
+    python benchmarks/collapse_false_alarms.py --replay benchmarks/records/credit-arith   # recorded runs
 
 A binary team reward over ``--episodes`` episodes a step, from a policy that does not
 change (level ``p``): every alarm is a false one. Then a real collapse: the level drops from
@@ -17,14 +18,22 @@ steps from the drop to the first alarm. Two rules side by side, each through a
 An alarm leaves the detector's state as a rollback does (the step is not learned from).
 A run of the equal-budget harness's size (68 steps) stops at its fourth alarm
 (``max_rollbacks=3``); the table gives the share of runs that would have.
+
+``--replay DIR`` instead reads the equal-budget records under ``DIR`` (their per-step
+``team/reward`` and ``recovery/rollbacks``) and, for each run the guard rolled back, feeds
+both rules the run's rewards up to its first rollback (after it the run took another path):
+the step at which each fires, beside the recorded one. The units per step are the run's
+problems (``num_envs`` over ``group_size``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 
@@ -67,6 +76,34 @@ def alarms(rule: str, stream: list[float], episodes: int) -> list[int]:
     return [t for t, r in enumerate(stream) if detector.check({"team/reward": r, "rollout/episodes": float(episodes)})]
 
 
+def replay(records: Path) -> list[dict[str, object]]:
+    """For each recorded run with a rollback: where each rule fires on its rewards up to the first one."""
+    print("| run | problems a step | recorded rollbacks at steps | best-ema fires (up to the first) | marft fires (up to the first) |")
+    print("|---|---|---|---|---|")
+    rows: list[dict[str, object]] = []
+    for path in sorted(records.glob("*/seed*.json")):
+        rec = json.loads(path.read_text())
+        curve, cfg = rec.get("curve") or [], rec.get("config") or {}
+        counts = [p.get("recovery/rollbacks", 0.0) for p in curve]
+        rolled = [int(p["train/step"]) for i, p in enumerate(curve) if counts[i] > (counts[i - 1] if i else 0.0)]
+        if not rolled:
+            continue
+        units = cfg.get("num_envs", 1) // max(cfg.get("group_size") or 1, 1)
+        row: dict[str, object] = {"run": f"{path.parent.name}/{path.stem}", "units": units, "recorded": rolled}
+        for rule in RULES:
+            detector = RULES[rule](RecoveryConfig())
+            fired = []
+            for p in curve:
+                if detector.check({"team/reward": p["team/reward"], "rollout/problems": float(units)}):
+                    fired.append(int(p["train/step"]))
+                if int(p["train/step"]) == rolled[0]:
+                    break
+            row[rule] = fired
+        rows.append(row)
+        print(f"| {row['run']} | {units} | {rolled} | {row['best-ema'] or 'none'} | {row['marft'] or 'none'} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     """Print the table; return its rows."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,7 +115,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     ap.add_argument("--collapse-to", type=float, default=0.02)
     ap.add_argument("--collapse-at", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--replay", type=Path, help="replay the recorded runs under this records folder instead")
     args = ap.parse_args(argv)
+    if args.replay is not None:
+        return replay(args.replay)
     levels = [float(x) for x in args.levels.split(",")]
     print(f"binary reward, {args.episodes} episodes a step, {args.runs} runs of {args.steps} steps per cell\n")
     print("| rule | steady level | false alarms per run | runs stopped (4+ alarms) | collapse: median delay | 90th pct | missed |")

@@ -725,6 +725,18 @@ def test_collapse_false_alarms_the_noise_test_keeps_the_catch_and_drops_the_fals
         assert r["missed"] == 0 and r["delay_p90"] <= 2
 
 
+def test_collapse_false_alarms_replays_a_recorded_run_up_to_its_first_rollback(tmp_path: Path) -> None:
+    """The re-stated old rule fires where the record says the guard rolled back; the noise-aware one
+    does not (a fast EMA of 0.131 against a reference of 0.288 over 16 problems: 0.157 < 3 x 0.065)."""
+    rewards = [0.3, 0.3, 0.4, 0.3, 0.1, 0.05, 0.0]
+    curve = [{"train/step": float(k + 1), "team/reward": r, "recovery/rollbacks": float(k >= 5)} for k, r in enumerate(rewards)]
+    (tmp_path / "duo-marft-action").mkdir()
+    (tmp_path / "duo-marft-action" / "seed0.json").write_text(json.dumps({"curve": curve, "config": {"num_envs": 16}}))
+    (tmp_path / "duo-marft-action" / "seed1.json").write_text(json.dumps({"curve": curve[:3], "config": {"num_envs": 16}}))
+    rows = _load("collapse_false_alarms").main(["--replay", str(tmp_path)])
+    assert rows == [{"run": "duo-marft-action/seed0", "units": 16, "recorded": [6], "best-ema": [6], "marft": []}]
+
+
 def test_zero_signal_update_times_both_paths_and_finds_them_bit_identical(tmp_path: Path) -> None:
     """The skipped backward and the full path leave the same weights, bit for bit, from the same AdamW state."""
     zs = _load("zero_signal_update")
