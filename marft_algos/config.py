@@ -560,7 +560,7 @@ class RecoveryConfig:
     reward_min: float = field(default=0.2, metadata={"help": "Reward collapse is only checked once the reference level reaches this."})
     reward_ema: float = field(default=0.5, metadata={"help": "Weight of the newest step in the fast reward EMA (what the last few steps earned)."})
     reward_ref_ema: float = field(default=0.1, metadata={"help": "Weight of the newest healthy step in the slow reference level (steps below the drop line are left out)."})
-    reward_z: float | None = field(default=3.0, metadata={"help": "Reward collapse also needs the drop to exceed this many standard errors of the fast EMA, from rollout/episodes and the reward range (None = the ratio alone)."})
+    reward_z: float | None = field(default=3.0, metadata={"help": "Reward collapse also needs the drop to exceed this many standard errors of the fast EMA, bounded by the reward range over the step's problems (rollout/problems, else rollout/episodes) (None = the ratio alone)."})
     reward_low: float = field(default=0.0, metadata={"help": "Lowest reward an episode can earn (bounds the reward noise)."})
     reward_high: float = field(default=1.0, metadata={"help": "Highest reward an episode can earn (bounds the reward noise)."})
     baseline_ema: float = field(default=0.3, metadata={"help": "Weight of the newest healthy step in the entropy baselines."})
