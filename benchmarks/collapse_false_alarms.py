@@ -70,10 +70,11 @@ def rewards(levels: list[float], episodes: int, gen: torch.Generator) -> list[fl
     return [float((torch.rand(episodes, generator=gen) < p).float().mean()) for p in levels]
 
 
-def alarms(rule: str, stream: list[float], episodes: int) -> list[int]:
-    """The steps of ``stream`` at which ``rule`` (at the default settings) fires."""
+def alarms(rule: str, stream: list[float], units: int) -> list[int]:
+    """The steps of ``stream`` at which ``rule`` (at the default settings) fires, ``units``
+    independent problems a step."""
     detector = RULES[rule](RecoveryConfig())
-    return [t for t, r in enumerate(stream) if detector.check({"team/reward": r, "rollout/episodes": float(episodes)})]
+    return [t for t, r in enumerate(stream) if detector.check({"team/reward": r, "rollout/problems": float(units)})]
 
 
 def replay(records: Path) -> list[dict[str, object]]:
@@ -89,16 +90,11 @@ def replay(records: Path) -> list[dict[str, object]]:
         if not rolled:
             continue
         units = cfg.get("num_envs", 1) // max(cfg.get("group_size") or 1, 1)
+        steps = [int(p["train/step"]) for p in curve]
+        upto = curve[: steps.index(rolled[0]) + 1]  # after the first rollback the run took another path
         row: dict[str, object] = {"run": f"{path.parent.name}/{path.stem}", "units": units, "recorded": rolled}
         for rule in RULES:
-            detector = RULES[rule](RecoveryConfig())
-            fired = []
-            for p in curve:
-                if detector.check({"team/reward": p["team/reward"], "rollout/problems": float(units)}):
-                    fired.append(int(p["train/step"]))
-                if int(p["train/step"]) == rolled[0]:
-                    break
-            row[rule] = fired
+            row[rule] = [steps[t] for t in alarms(rule, [p["team/reward"] for p in upto], units)]
         rows.append(row)
         print(f"| {row['run']} | {units} | {rolled} | {row['best-ema'] or 'none'} | {row['marft'] or 'none'} |")
     return rows

@@ -185,21 +185,21 @@ class CollapseDetector:
                 self.reward_ref = r if self.reward_ref is None else s.reward_ref_ema * r + (1 - s.reward_ref_ema) * self.reward_ref
         return reasons
 
-    def reward_noise(self, ref: float, episodes: float | None) -> float:
+    def reward_noise(self, ref: float, units: float | None) -> float:
         """The largest standard deviation of the fast reward EMA under a stationary policy
-        whose mean reward is ``ref``, over ``episodes`` independent units a step (0 if unknown).
+        whose mean reward is ``ref``, over ``units`` independent units a step (0 if unknown).
 
         The units are the step's problems where the rollout names them (``rollout/problems``):
         a GRPO group or a branching tree shares its problem, and the mean reward of one
         problem's episodes is itself in ``[reward_low, reward_high]``, so the bound holds
         for it."""
         s = self.s
-        if not episodes or episodes <= 0:
+        if not units or units <= 0:
             return 0.0
         mean = min(max(ref, s.reward_low), s.reward_high)
         var_episode = (s.reward_high - mean) * (mean - s.reward_low)  # Bhatia-Davis bound
         a = s.reward_ema
-        return math.sqrt(var_episode / float(episodes) * a / (2 - a))
+        return math.sqrt(var_episode / float(units) * a / (2 - a))
 
 
 class CollapseRecovery(Callback):
