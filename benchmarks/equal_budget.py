@@ -112,6 +112,7 @@ _BRANCH = (("branching", 2),)
 _KL_TO_SFT = (("reference", "init"), ("beta", 0.04))
 _RECORD = (("handoff", "record"),)  # the actor sees a compact record of the reasoner's claims and answer (PACT)
 _ANSWER = (("handoff", "answer"),)  # the actor sees the reasoner's final answer only
+_MASK_CUT = (("mask_length_stops", True),)
 SYSTEMS: list[System] = [
     System("untrained-solo", "solo"),
     System("untrained-duo", "duo"),
@@ -131,6 +132,9 @@ SYSTEMS: list[System] = [
     System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True, cold="duo-marft-action-branch"),
     # the warm start held near its SFT policy: a KL penalty (beta 0.04, DeepSeekMath's GRPO value) to the SFT weights
     System("duo-grpo-warm-kl", "duo", "grpo", _AGENTWISE + _KL_TO_SFT, tier=1, warm=True, cold="duo-grpo"),
+    # warm MARFT with DAPO's overlong filtering: no policy gradient for replies cut at the token limit
+    # (warm MARFT's reasoner ran to its 64-token limit on seeds 0 and 1, and the team reward never showed it)
+    System("duo-marft-action-warm-mask", "duo", "marft-action", _MASK_CUT, tier=1, warm=True, cold="duo-marft-action"),
     # compact hand-offs (PACT): the actor reads a record of the reasoner's claims and answer, or its final answer
     # only; trained: the answer view (on arith the record is as long as the text, and it misled the untrained actor)
     System("untrained-duo-record", "duo", tier=1, env_overrides=_RECORD),
@@ -162,6 +166,7 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(d, d.replace("-branch", "")) for d in _BRANCHED],
     *[(s.name, s.cold) for s in SYSTEMS if s.cold],
     ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"), ("duo-grpo-warm-kl", "duo-marft-action"),
+    ("duo-marft-action-warm-mask", "duo-marft-action-warm"), ("duo-marft-action-warm-mask", "solo-grpo-warm"),
     ("duo-grpo-warm", "solo-grpo"),  # the warm team against the cold solo agent at equal RL tokens (the tool tasks' question)
     # did training the team move it at all? (the untrained duo is the floor every team starts from)
     *[(d, "untrained-duo") for d in (*_BRANCHED[:2], "duo-grpo-warm-kl")],
@@ -172,7 +177,7 @@ COMPARISONS: list[tuple[str, str]] = [
     ("duo-grpo-async-s1", "duo-grpo-async-s0"), ("duo-grpo-async-s2", "duo-grpo-async-s0"), ("duo-grpo-async-s0", "duo-grpo"),
 ]
 #: config fields a job's JSON keeps (what differs between systems)
-CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from", "reference", "beta",
+CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from", "reference", "beta", "mask_length_stops",
                "rollout_workers", "max_staleness")
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
                  "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "eval_prompt_tokens_per_episode", "tool_call_rate", "status"]

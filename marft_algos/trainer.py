@@ -44,6 +44,7 @@ from marft_algos.config import PPOLossConfig, TrainConfig
 from marft_algos.distributed import init_distributed, rank_seed
 from marft_algos.dynamic_sampling import resample_groups
 from marft_algos.fsdp import shard_optimizer_states
+from marft_algos.length_stops import mask_length_stops
 from marft_algos.microbatch import micro_batch_rows
 from marft_algos.optim import OptimizerSet, group_key, lr_factor, metric_prefix
 from marft_algos.perf_stats import PerfStats
@@ -241,6 +242,8 @@ class Trainer:
         weights itself). With groups of episodes it logs ``train/frac_reward_zero_std``, the
         share of groups that carry no signal (TRL's name), and warns when no group does."""
         self.algorithm.estimate(batch)
+        if self.config.mask_length_stops:
+            batch.metrics["train/length_stops_masked"] = self.dist.sum([float(mask_length_stops(batch))])[0]
         if self.algorithm.group_size > 1:
             groups = list(batch.groups().values())
             flat = self.dist.sum([float(sum(self.algorithm.no_signal(g) for g in groups)), float(len(groups))])
