@@ -866,6 +866,27 @@ def _per_agent(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _length_stops(runs: dict[str, list[dict[str, Any]]], k: int = 3) -> list[dict[str, Any]]:
+    """Each agent's share of actions cut by ``max_new_tokens``, mean of its first ``k`` and last
+    ``k`` training steps, seed by seed: a reply running to its token limit (a format collapse the
+    team reward may never show) stands out per seed where a mean over seeds would blur it."""
+    rows = []
+    for s in SYSTEMS:
+        recs = [r for r in runs.get(s.name) or [] if r.get("curve")]
+        if not s.trained or not recs:
+            continue
+        for a in sorted({k_.split("/")[1] for r in recs for k_ in r["curve"][0] if k_.startswith("agent/")}):
+            cells = []
+            for r in recs:
+                share = [st.get(f"agent/{a}/length_stop_frac") for st in r["curve"]]
+                share = [x for x in share if x is not None]
+                if share:
+                    cells.append(f"seed {r['seed']}: {np.mean(share[:k]):.2f} -> {np.mean(share[-k:]):.2f}")
+            if cells:
+                rows.append({"system": s.name, "agent": a, "first -> last": "; ".join(cells)})
+    return rows
+
+
 def _plot(out: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
     import matplotlib
 
@@ -954,6 +975,10 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
         text += (f"\n## Sample efficiency: generated training tokens until held-out accuracy (first {args.curve_eval_n} test problems, "
                  f"greedy, every {args.curve_every_tokens} tokens) first reaches the target\n\n"
                  + markdown_table(efficiency, ["system", "target", "seeds", "tokens_to_target", "median", "reached", "final_curve_accuracy"]) + "\n")
+    cut = _length_stops(runs)
+    if cut:
+        text += ("\n## Length stops: each agent's share of actions cut by its max_new_tokens, mean of the first 3 and the last 3 training steps, per seed\n\n"
+                 + markdown_table(cut, ["system", "agent", "first -> last"]) + "\n")
     warm = _warm_starts(runs, args.bootstrap)
     if warm:
         text += ("\n## Warm starts: held-out accuracy on the SFT adapters (before RL) and after RL; paired differences with their 95% bootstrap intervals (* : the interval excludes 0)\n\n"
@@ -965,7 +990,7 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
                  + markdown_table(means, ["system", "mean_score"]) + "\n\n" + markdown_table(score_diffs, DIFF_COLUMNS) + "\n")
     (out / "equal_budget.md").write_text(text)
     write_csv(out / "equal_budget.csv", rows, TABLE_COLUMNS)
-    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents, "efficiency": efficiency, "warm_starts": warm, "per_seed_differences": per_seed,
+    write_json(out / "equal_budget.json", {"systems": rows, "differences": diffs, "score_differences": score_diffs, "stability": stab, "per_agent": agents, "efficiency": efficiency, "warm_starts": warm, "per_seed_differences": per_seed, "length_stops": cut,
                                            "versions": meta, "settings": {k: v for k, v in vars(args).items() if k != "job"}})
     _plot(out, runs)
     return text

@@ -491,6 +491,17 @@ def test_equal_budget_end_to_end(eb: ModuleType, tmp_path: Path) -> None:
     assert "grader's score" in (out / "equal_budget.md").read_text()
 
 
+def test_equal_budget_length_stops_per_seed_first_and_last_three_steps(eb: ModuleType) -> None:
+    """Mean of the first 3 and the last 3 steps' cut share, one cell per seed; steps without the metric are skipped."""
+    def rec(seed: int, share: list[float | None]) -> dict:
+        return {"seed": seed, "curve": [{"agent/reasoner/length_stop_frac": x} if x is not None else {"agent/reasoner/reward": 0.0} for x in share]}
+
+    runs = {"duo-marft-action-warm": [rec(0, [0.0, 0.3, 0.3, 0.5, 1.0, 1.0, 0.7]), rec(1, [0.1, None, 0.1])],
+            "untrained-duo": [rec(0, [1.0])]}
+    rows = eb._length_stops(runs)
+    assert rows == [{"system": "duo-marft-action-warm", "agent": "reasoner", "first -> last": "seed 0: 0.20 -> 0.90; seed 1: 0.10 -> 0.10"}]
+
+
 def test_equal_budget_per_seed_differences_pair_seeds_and_reuse_a_greedy_baseline(eb: ModuleType) -> None:
     """Seed k of A against seed k of B; a seed B lacks is left out; the untrained greedy duo (one record) meets every seed."""
     def rec(seed: int, correct: list[int]) -> dict:
