@@ -113,6 +113,7 @@ _KL_TO_SFT = (("reference", "init"), ("beta", 0.04))
 _RECORD = (("handoff", "record"),)  # the actor sees a compact record of the reasoner's claims and answer (PACT)
 _ANSWER = (("handoff", "answer"),)  # the actor sees the reasoner's final answer only
 _MASK_CUT = (("mask_length_stops", True),)
+_WHITEN = (("normalize_advantages", "batch"),)
 SYSTEMS: list[System] = [
     System("untrained-solo", "solo"),
     System("untrained-duo", "duo"),
@@ -135,6 +136,9 @@ SYSTEMS: list[System] = [
     # warm MARFT with DAPO's overlong filtering: no policy gradient for replies cut at the token limit
     # (warm MARFT's reasoner ran to its 64-token limit on seeds 0 and 1, and the team reward never showed it)
     System("duo-marft-action-warm-mask", "duo", "marft-action", _MASK_CUT, tier=1, warm=True, cold="duo-marft-action"),
+    # warm MARFT with whitened advantages (the reference implementation's normalisation): over 8 steps it held
+    # the reasoner under its token limit on seeds 0 and 1 where the default (raw R - V) ran into it
+    System("duo-marft-action-warm-whiten", "duo", "marft-action", _WHITEN, tier=1, warm=True, cold="duo-marft-action"),
     # compact hand-offs (PACT): the actor reads a record of the reasoner's claims and answer, or its final answer
     # only; trained: the answer view (on arith the record is as long as the text, and it misled the untrained actor)
     System("untrained-duo-record", "duo", tier=1, env_overrides=_RECORD),
@@ -167,6 +171,7 @@ COMPARISONS: list[tuple[str, str]] = [
     *[(s.name, s.cold) for s in SYSTEMS if s.cold],
     ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"), ("duo-grpo-warm-kl", "duo-marft-action"),
     ("duo-marft-action-warm-mask", "duo-marft-action-warm"), ("duo-marft-action-warm-mask", "solo-grpo-warm"),
+    ("duo-marft-action-warm-whiten", "duo-marft-action-warm"), ("duo-marft-action-warm-whiten", "solo-grpo-warm"),
     ("duo-grpo-warm", "solo-grpo"),  # the warm team against the cold solo agent at equal RL tokens (the tool tasks' question)
     # did training the team move it at all? (the untrained duo is the floor every team starts from)
     *[(d, "untrained-duo") for d in (*_BRANCHED[:2], "duo-grpo-warm-kl")],

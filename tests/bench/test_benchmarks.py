@@ -417,13 +417,14 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     core = ["solo-grpo", "duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo"]
     assert q[7:22] == [(s, k) for k in (0, 1, 2) for s in core]
     credit = [s.name for s in eb.SYSTEMS if s.tier == 1 and s.trained]
-    assert len(credit) == 10 and q[22:52] == [(s, k) for k in (0, 1, 2) for s in credit]
-    assert {s for s, _ in q[52:58]} == {"malt-grpo", "rema-grpo"}
-    assert q[58:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
+    assert len(credit) == 11 and q[22:55] == [(s, k) for k in (0, 1, 2) for s in credit]
+    assert {s for s, _ in q[55:61]} == {"malt-grpo", "rema-grpo"}
+    assert q[61:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
     # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
     assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME) and all(a != b for a, b in eb.COMPARISONS)
     assert ("duo-grpo-warm-kl", "duo-grpo-warm") in eb.COMPARISONS and ("duo-grpo-warm", "solo-grpo") in eb.COMPARISONS
     assert ("duo-marft-action-warm-mask", "duo-marft-action-warm") in eb.COMPARISONS and dict(eb.BY_NAME["duo-marft-action-warm-mask"].overrides) == {"mask_length_stops": True}
+    assert dict(eb.BY_NAME["duo-marft-action-warm-whiten"].overrides) == {"normalize_advantages": "batch"}
     assert all((s.name, s.cold) in eb.COMPARISONS for s in eb.SYSTEMS if s.warm)
     assert len(set(eb.COMPARISONS)) == len(eb.COMPARISONS)
     assert {("duo-grpo-warm-kl", "untrained-duo"), ("duo-grpo-warm-kl", "duo-marft-action"), ("duo-grpo-branch", "untrained-duo")} <= set(eb.COMPARISONS)
