@@ -844,6 +844,11 @@ def _stability(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _curve_agents(recs: list[dict[str, Any]]) -> list[str]:
+    """The agents named in the first step of the runs' per-step curves (``agent/<name>/...``)."""
+    return sorted({k.split("/")[1] for r in recs for k in r["curve"][0] if k.startswith("agent/")})
+
+
 def _per_agent(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Which agent moved: each agent's training metrics, first step vs last step, mean over seeds; eval tokens vs untrained."""
     base = {r["system"]: r for n in ("untrained-solo", "untrained-duo") for r in (runs.get(n) or [])[:1]}
@@ -852,8 +857,7 @@ def _per_agent(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         if not s.trained or not runs.get(s.name):
             continue
         recs = [r for r in runs[s.name] if r["curve"]]
-        agents = sorted({k.split("/")[1] for r in recs for k in r["curve"][0] if k.startswith("agent/")})
-        for a in agents:
+        for a in _curve_agents(recs):
             row: dict[str, Any] = {"system": s.name, "agent": a}
             # not "kl": that is the KL to the rollout policy, ~0 with one PPO epoch by construction;
             # rollout_ref_kl (KL to the reference, measured before each update) only in jobs that recorded it
@@ -880,7 +884,7 @@ def _length_stops(runs: dict[str, list[dict[str, Any]]], k: int = 3) -> list[dic
         recs = [r for r in runs.get(s.name) or [] if r.get("curve")]
         if not s.trained or not recs:
             continue
-        for a in sorted({k_.split("/")[1] for r in recs for k_ in r["curve"][0] if k_.startswith("agent/")}):
+        for a in _curve_agents(recs):
             cells = []
             for r in recs:
                 share = [st.get(f"agent/{a}/length_stop_frac") for st in r["curve"]]

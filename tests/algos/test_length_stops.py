@@ -11,6 +11,7 @@ from marft_algos.length_stops import mask_length_stops
 from marft_algos.records import Episode, RolloutBatch, Transition
 
 pytest.importorskip("marft_algos.models")
+from helpers import tiny_echo  # noqa: E402
 from helpers.marft_echo import echo_kwargs, letter_policy  # noqa: E402
 
 from marft_algos.algos.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
@@ -53,13 +54,12 @@ def test_grpo_masks_after_the_group_statistics():
     """The group's mean and std still include the cut episodes (their rewards are facts);
     only the cut actions lose their advantage."""
     finishes = ["length", "eos", "length", "eos"]
-    kw = {k: v for k, v in echo_kwargs(group_size=4).items() if k not in ("critic_lr", "recovery")}
-    off = GRPOTrainer(GRPOConfig(**kw), policy=letter_policy())
+    trainer = GRPOTrainer(tiny_echo.echo_config(GRPOConfig, group_size=4), policy=tiny_echo.letter_policy())
     plain = _grpo_batch(finishes)
-    off.estimate(plain)
-    off.config.mask_length_stops = True
+    trainer.estimate(plain)
+    trainer.config.mask_length_stops = True
     masked = _grpo_batch(finishes)
-    off.estimate(masked)
+    trainer.estimate(masked)
     assert masked.metrics["train/length_stops_masked"] == 2.0
     for p, m in zip(plain.transitions, masked.transitions, strict=True):
         expected = 0.0 if m.finish_reason == "length" else p.advantage
