@@ -273,6 +273,7 @@ class TrainConfig:
     steps: int = field(default=50, metadata={"help": "Training steps (collect -> advantages -> update)."})
     max_minutes: float | None = field(default=None, metadata={"help": "Stop after this many minutes of training (checked between steps)."})
     mask_length_stops: bool = field(default=False, metadata={"help": "DAPO's overlong filtering: an action cut by its max_new_tokens (finish_reason 'length') gets no policy-gradient signal (its advantage, and its token advantages, set to 0 after the estimator; the critic still learns its value; it still counts in the loss's mean). Counted in train/length_stops_masked."})
+    length_stop_warn: float = field(default=0.5, metadata={"help": "Warn when an agent's share of actions cut by its max_new_tokens (agent/<a>/length_stop_frac), averaged over 3 steps, reaches this (0: never); see marft_algos.length_stops.LengthStopWatch."})
     lr: float = field(default=1e-5, metadata={"help": "Learning rate of every agent's policy parameters."})
     lr_per_agent: dict[str, float] = field(default_factory=dict, metadata={"help": "{agent: lr} overriding `lr` per agent."})
     frozen_agents: list[str] = field(default_factory=list, metadata={"help": "Agents that act but are never trained: no optimizer, no update, their adapters stay exactly as loaded (the critic still learns from their data)."})

@@ -9,13 +9,26 @@ action's advantage (and, in token-level MARFT, each token's) becomes 0. The crit
 learns the action's value (a truncated reply is a state the team is in), the KL and
 entropy terms still apply, and the action still counts in the loss's mean (as an action
 of a group without signal does), so the update's scale shrinks with the share masked.
+
+:class:`LengthStopWatch` (on in every run, ``length_stop_warn``) warns when an agent's
+share of cut actions (``agent/<a>/length_stop_frac``) stays high: the team reward cannot
+show it (measured on arith after an SFT warm start: a MARFT reasoner drifted from 6% to
+every reply cut while the team reward hovered), and it is the sign to raise the agent's
+``max_new_tokens`` or to mask the cut actions.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import deque
+from typing import Any
+
+from marft_algos.callbacks import Callback
 from marft_algos.records import RolloutBatch
 
-__all__ = ["mask_length_stops"]
+__all__ = ["LengthStopWatch", "mask_length_stops"]
+
+log = logging.getLogger("marft")
 
 
 def mask_length_stops(batch: RolloutBatch) -> int:
@@ -35,3 +48,64 @@ def mask_length_stops(batch: RolloutBatch) -> int:
         if est is not None and est.token_advantages is not None:
             est.token_advantages = [0.0] * len(est.token_advantages)
     return n
+
+
+class LengthStopWatch(Callback):
+    """Warn when an agent's actions keep running into their token limit.
+
+    After every step it averages each agent's ``agent/<a>/length_stop_frac`` over the last
+    ``window`` steps; when that mean reaches ``config.length_stop_warn`` (0 switches the
+    watch off) it warns once, naming the agent, the share, the share over the run's first
+    steps (a drift shows as a rise) and the two remedies. It warns again only after the
+    share fell below half the threshold. Its state travels in checkpoints, so a resumed run
+    does not warn twice for the same episode of drift.
+    """
+
+    state_key = "length_stop_watch"
+
+    def __init__(self, window: int = 3) -> None:
+        self.window = window
+        self.recent: dict[str, deque[float]] = {}
+        self.first: dict[str, list[float]] = {}
+        self.warned: set[str] = set()
+
+    def on_step_end(self, trainer: Any, metrics: dict[str, float], batch: Any) -> None:
+        """Update each agent's window; warn on a crossing."""
+        threshold = trainer.config.length_stop_warn
+        if not threshold:
+            return
+        for agent in trainer.agents:
+            frac = metrics.get(f"agent/{agent}/length_stop_frac")
+            if frac is None:
+                continue
+            recent = self.recent.setdefault(agent, deque(maxlen=self.window))
+            recent.append(float(frac))
+            first = self.first.setdefault(agent, [])
+            if len(first) < self.window:
+                first.append(float(frac))
+            mean = sum(recent) / len(recent)
+            if agent in self.warned:
+                if mean < threshold / 2:
+                    self.warned.discard(agent)
+                continue
+            if len(recent) == self.window and mean >= threshold:
+                self.warned.add(agent)
+                log.warning(
+                    "step %d: agent %s: %.0f%% of its actions over the last %d steps were cut by its max_new_tokens "
+                    "(agent/%s/length_stop_frac; %.0f%% over the run's first %d steps): its reward judges unfinished "
+                    "text, which the team reward does not show. Raise its max_new_tokens (sampling_overrides), or set "
+                    "mask_length_stops=true (DAPO's overlong filtering); length_stop_warn=0 silences this.",
+                    trainer.global_step, agent, 100 * mean, self.window, agent, 100 * sum(first) / len(first), len(first),
+                )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The windows, the first steps' shares and the agents warned about."""
+        return {"recent": {a: list(q) for a, q in self.recent.items()}, "first": dict(self.first), "warned": sorted(self.warned)}
+
+    def load_state_dict(self, state: dict[str, Any] | None, parts: frozenset[str]) -> None:
+        """Restore :meth:`state_dict` (a checkpoint without it: start afresh)."""
+        if not state:
+            return
+        self.recent = {a: deque(v, maxlen=self.window) for a, v in state["recent"].items()}
+        self.first = {a: list(v) for a, v in state["first"].items()}
+        self.warned = set(state["warned"])

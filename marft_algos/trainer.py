@@ -44,7 +44,7 @@ from marft_algos.config import PPOLossConfig, TrainConfig
 from marft_algos.distributed import init_distributed, rank_seed
 from marft_algos.dynamic_sampling import resample_groups
 from marft_algos.fsdp import shard_optimizer_states
-from marft_algos.length_stops import mask_length_stops
+from marft_algos.length_stops import LengthStopWatch, mask_length_stops
 from marft_algos.microbatch import micro_batch_rows
 from marft_algos.optim import OptimizerSet, group_key, lr_factor, metric_prefix
 from marft_algos.perf_stats import PerfStats
@@ -150,7 +150,7 @@ class Trainer:
         self.fault = env_fault()  # the crash tests' pause points (None outside them)
         # rollout_workers > 0: batches come from worker processes (marft_algos.async_rollout)
         self.rollout = AsyncRollout(self) if c.rollout_workers else None
-        self.callbacks: list[Callback] = default_callbacks(self.fault) + [PerfStats()] + self.algorithm.callbacks() + list(callbacks)
+        self.callbacks: list[Callback] = default_callbacks(self.fault) + [PerfStats(), LengthStopWatch()] + self.algorithm.callbacks() + list(callbacks)
         if self.rollout is not None:
             self.callbacks.append(self.rollout)
 

@@ -105,3 +105,61 @@ def test_a_step_whose_every_action_is_cut_moves_only_the_critic(mask):
         assert m["train/length_stops_masked"] == m["rollout/actions"]
     assert _moved(pol, t) is not mask
     assert any(not torch.equal(b, p) for b, p in zip(crit, t.algorithm.critic.parameters(), strict=True))
+
+
+def _watch_run(fracs: list[float], threshold: float = 0.5, watch=None):
+    """Feed a watch one agent's per-step cut shares; the steps at which it warned."""
+    from types import SimpleNamespace
+
+    from marft_algos.length_stops import LengthStopWatch
+
+    watch = watch or LengthStopWatch(window=3)
+    trainer = SimpleNamespace(config=SimpleNamespace(length_stop_warn=threshold), agents=["reasoner", "actor"], global_step=0)
+    warned = []
+    for step, f in enumerate(fracs, 1):
+        trainer.global_step = step
+        before = set(watch.warned)
+        watch.on_step_end(trainer, {"agent/reasoner/length_stop_frac": f, "agent/actor/length_stop_frac": 0.0}, None)
+        if watch.warned - before:
+            warned.append(step)
+    return warned, watch
+
+
+def test_the_watch_warns_once_on_a_drift_and_again_only_after_a_recovery(caplog):
+    drift = [0.06, 0.31, 0.44, 0.56, 0.88, 0.81, 0.75, 1.0, 1.0]
+    with caplog.at_level("WARNING", logger="marft"):
+        warned, _ = _watch_run(drift)
+    # window means from step 3: 0.27, 0.44, 0.63 (step 5: warn), then high: no repeat
+    assert warned == [5]
+    (msg,) = [r.getMessage() for r in caplog.records if "max_new_tokens" in r.getMessage()]
+    assert "agent reasoner: 63% of its actions" in msg and "27% over the run's first 3 steps" in msg and "mask_length_stops=true" in msg
+    # below half the threshold (mean < 0.25) re-arms it; a second rise warns again
+    assert _watch_run(drift + [0.1, 0.1, 0.1, 0.9, 0.9, 0.9])[0] == [5, 14]
+    assert _watch_run(drift + [0.3, 0.3, 0.3, 0.9, 0.9, 0.9])[0] == [5]  # 0.30 >= 0.25: still armed off
+
+
+def test_the_watch_is_off_at_zero_and_never_fires_below_its_threshold():
+    assert _watch_run([1.0] * 6, threshold=0.0)[0] == []
+    assert _watch_run([0.49, 0.49, 0.49, 0.3, 0.6, 0.5])[0] == []  # window means 0.49, 0.43, 0.47, 0.47
+
+
+def test_the_watch_state_survives_a_checkpoint():
+    from marft_algos.length_stops import LengthStopWatch
+
+    _, watch = _watch_run([0.9, 0.9, 0.9])
+    resumed = LengthStopWatch(window=3)
+    resumed.load_state_dict(watch.state_dict(), frozenset({"progress"}))
+    assert _watch_run([0.9, 0.9], watch=resumed)[0] == []  # already warned before the checkpoint
+    fresh = LengthStopWatch(window=3)
+    fresh.load_state_dict(None, frozenset({"progress"}))
+    assert _watch_run([0.9, 0.9, 0.9], watch=fresh)[0] == [3]
+
+
+def test_a_run_whose_every_action_is_cut_warns(caplog):
+    """Built in: a real trainer whose one-token actions all end at max_new_tokens=1."""
+    t = MARFTActionTrainer(MARFTActionConfig(**echo_kwargs()), policy=letter_policy())
+    with caplog.at_level("WARNING", logger="marft"):
+        for _ in range(3):
+            t.train_step()
+    msgs = [r.getMessage() for r in caplog.records if "cut by its max_new_tokens" in r.getMessage()]
+    assert len(msgs) == len(t.agents) and all(": 100% of its actions" in m for m in msgs)
