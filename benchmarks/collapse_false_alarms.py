@@ -3,6 +3,7 @@
     python benchmarks/collapse_false_alarms.py                         # 16 episodes a step, levels 0.2 0.3 0.5
     python benchmarks/collapse_false_alarms.py --episodes 8 --runs 500
     python benchmarks/collapse_false_alarms.py --replay benchmarks/records/credit-arith   # recorded runs
+    python benchmarks/collapse_false_alarms.py --replay benchmarks/records/credit-arith --unguarded
 
 A binary team reward over ``--episodes`` episodes a step, from a policy that does not
 change (level ``p``): every alarm is a false one. Then a real collapse: the level drops from
@@ -24,6 +25,12 @@ A run of the equal-budget harness's size (68 steps) stops at its fourth alarm
 both rules the run's rewards up to its first rollback (after it the run took another path):
 the step at which each fires, beside the recorded one. The units per step are the run's
 problems (``num_envs`` over ``group_size``).
+
+``--unguarded`` with ``--replay`` asks the other question, for the recorded runs of an
+algorithm without the guard (GRPO): where the library's rule would have fired over the
+whole run, beside the run's rewards at its start and end and its held-out accuracy, so a
+run that collapsed shows whether the guard would have seen it, and a healthy one whether
+it would have fired on noise.
 """
 
 from __future__ import annotations
@@ -100,6 +107,27 @@ def replay(records: Path) -> list[dict[str, object]]:
     return rows
 
 
+def replay_unguarded(records: Path) -> list[dict[str, object]]:
+    """For each recorded run of an algorithm without the guard: where the library's rule fires."""
+    print("| run | problems a step | steps | team reward, first 3 -> last 3 steps | marft fires at steps | held-out accuracy |")
+    print("|---|---|---|---|---|---|")
+    rows: list[dict[str, object]] = []
+    for path in sorted(records.glob("*/seed*.json")):
+        rec = json.loads(path.read_text())
+        curve, cfg = rec.get("curve") or [], rec.get("config") or {}
+        if not curve or str(rec.get("algo", "")).startswith("marft"):
+            continue
+        units = cfg.get("num_envs", 1) // max(cfg.get("group_size") or 1, 1)
+        steps, rs = [int(p["train/step"]) for p in curve], [p["team/reward"] for p in curve]
+        fires = [steps[t] for t in alarms("marft", rs, units)]
+        acc = (rec.get("eval") or {}).get("accuracy")
+        row: dict[str, object] = {"run": f"{path.parent.name}/{path.stem}", "units": units, "steps": len(curve),
+                                  "start": statistics.mean(rs[:3]), "end": statistics.mean(rs[-3:]), "marft": fires, "accuracy": acc}
+        rows.append(row)
+        print(f"| {row['run']} | {units} | {len(curve)} | {row['start']:.2f} -> {row['end']:.2f} | {fires or 'none'} | {acc} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     """Print the table; return its rows."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,9 +140,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     ap.add_argument("--collapse-at", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replay", type=Path, help="replay the recorded runs under this records folder instead")
+    ap.add_argument("--unguarded", action="store_true", help="with --replay: the runs of algorithms without the guard (GRPO), whole")
     args = ap.parse_args(argv)
     if args.replay is not None:
-        return replay(args.replay)
+        return replay_unguarded(args.replay) if args.unguarded else replay(args.replay)
     levels = [float(x) for x in args.levels.split(",")]
     print(f"binary reward, {args.episodes} episodes a step, {args.runs} runs of {args.steps} steps per cell\n")
     print("| rule | steady level | false alarms per run | runs stopped (4+ alarms) | collapse: median delay | 90th pct | missed |")

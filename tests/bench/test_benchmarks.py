@@ -750,6 +750,22 @@ def test_collapse_false_alarms_replays_a_recorded_run_up_to_its_first_rollback(t
     assert rows == [{"run": "duo-marft-action/seed0", "units": 16, "recorded": [6], "best-ema": [6], "marft": []}]
 
 
+def test_collapse_false_alarms_replays_the_unguarded_runs_whole(tmp_path: Path) -> None:
+    """A GRPO run whose reward falls from 0.5 to 0 over 16 problems a step: the rule fires
+    after the fall (not before); a steady run: never; a MARFT run (guarded): left out."""
+    fall = [0.5] * 10 + [0.0] * 4
+    for name, algo, rewards in (("duo-grpo", "grpo", fall), ("solo-grpo", "grpo", [0.5] * 14), ("duo-marft-action", "marft-action", fall)):
+        curve = [{"train/step": float(k + 1), "team/reward": r} for k, r in enumerate(rewards)]
+        (tmp_path / name).mkdir()
+        rec = {"algo": algo, "curve": curve, "config": {"num_envs": 64, "group_size": 4}, "eval": {"accuracy": 0.5}}
+        (tmp_path / name / "seed0.json").write_text(json.dumps(rec))
+    rows = {r["run"]: r for r in _load("collapse_false_alarms").main(["--replay", str(tmp_path), "--unguarded"])}
+    assert set(rows) == {"duo-grpo/seed0", "solo-grpo/seed0"}
+    fired = rows["duo-grpo/seed0"]["marft"]
+    assert fired and min(fired) > 10 and rows["duo-grpo/seed0"]["units"] == 16
+    assert rows["solo-grpo/seed0"]["marft"] == [] and rows["solo-grpo/seed0"]["start"] == rows["solo-grpo/seed0"]["end"] == 0.5
+
+
 def test_zero_signal_update_times_both_paths_and_finds_them_bit_identical(tmp_path: Path) -> None:
     """The skipped backward and the full path leave the same weights, bit for bit, from the same AdamW state."""
     zs = _load("zero_signal_update")
