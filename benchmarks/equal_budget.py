@@ -354,11 +354,12 @@ def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Pa
 
 def _step_record(m: dict[str, Any], tokens: int, minutes: float) -> dict[str, Any]:
     """The per-step metrics kept in a job's JSON (reward, tokens, per-agent grad norms, rollbacks, agent metrics,
-    the KL to the reference and across the update)."""
+    the KL to the reference and across the update, and an actor-critic's mean advantage and value per agent)."""
     keep = {k: float(v) for k, v in m.items() if isinstance(v, int | float) and (
         k.startswith(("team/", "recovery/")) or k in ("rollout/tokens", "critic/grad_norm", "train/step")
         or (k.startswith("agent/") and k.rsplit("/", 1)[-1] in ("reward", "grad_norm", "response_len", "entropy", "kl", "length_stop_frac",
-                                                                       "rollout_ref_kl", "update_kl", "ref_kl")))}
+                                                                       "rollout_ref_kl", "update_kl", "ref_kl",
+                                                                       "advantage_mean", "value_mean")))}
     keep["tokens_so_far"] = tokens
     keep["train_minutes"] = minutes
     return keep

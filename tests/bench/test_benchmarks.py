@@ -774,3 +774,12 @@ def test_zero_signal_update_times_both_paths_and_finds_them_bit_identical(tmp_pa
     got = json.loads((tmp_path / "zero_signal_update.json").read_text())
     assert got["row"]["bitwise_equal"] is True and got["row"]["actions"] == 8
     assert len(got["seconds"]["skip"]) == len(got["seconds"]["full"]) == 2
+
+
+def test_equal_budget_step_record_keeps_the_agent_metrics_the_report_reads() -> None:
+    """Per agent: the learning metrics and an actor-critic's mean advantage and value; not the rest."""
+    m = {"team/reward": 0.5, "agent/reasoner/advantage_mean": 0.1, "agent/reasoner/value_mean": 0.2,
+         "agent/reasoner/length_stop_frac": 0.3, "agent/reasoner/lr": 1e-5, "perf/step_s": 3.0, "train/step": 4}
+    rec = _load("equal_budget")._step_record(m, tokens=100, minutes=1.5)
+    assert rec == {"team/reward": 0.5, "agent/reasoner/advantage_mean": 0.1, "agent/reasoner/value_mean": 0.2,
+                   "agent/reasoner/length_stop_frac": 0.3, "train/step": 4.0, "tokens_so_far": 100, "train_minutes": 1.5}
