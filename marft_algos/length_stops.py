@@ -14,7 +14,7 @@ of a group without signal does), so the update's scale shrinks with the share ma
 share of cut actions (``agent/<a>/length_stop_frac``) stays high: the team reward cannot
 show it (measured on arith after an SFT warm start: a MARFT reasoner drifted from 6% to
 every reply cut while the team reward hovered), and it is the sign to raise the agent's
-``max_new_tokens`` or to mask the cut actions.
+``max_new_tokens``, to mask the cut actions, or (MARFT) to whiten the advantages.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class LengthStopWatch(Callback):
     After every step it averages each agent's ``agent/<a>/length_stop_frac`` over the last
     ``window`` steps; when that mean reaches ``config.length_stop_warn`` (0 switches the
     watch off) it warns once, naming the agent, the share, the share over the run's first
-    steps (a drift shows as a rise) and the two remedies. It warns again only after the
+    steps (a drift shows as a rise) and the remedies. It warns again only after the
     share fell below half the threshold. Its state travels in checkpoints, so a resumed run
     does not warn twice for the same episode of drift.
     """
@@ -93,8 +93,9 @@ class LengthStopWatch(Callback):
                 log.warning(
                     "step %d: agent %s: %.0f%% of its actions over the last %d steps were cut by its max_new_tokens "
                     "(agent/%s/length_stop_frac; %.0f%% over the run's first %d steps): its reward judges unfinished "
-                    "text, which the team reward does not show. Raise its max_new_tokens (sampling_overrides), or set "
-                    "mask_length_stops=true (DAPO's overlong filtering); length_stop_warn=0 silences this.",
+                    "text, which the team reward does not show. Raise its max_new_tokens (sampling_overrides), set "
+                    "mask_length_stops=true (DAPO's overlong filtering), or with MARFT whiten the advantages "
+                    "(normalize_advantages=batch); length_stop_warn=0 silences this.",
                     trainer.global_step, agent, 100 * mean, self.window, agent, 100 * sum(first) / len(first), len(first),
                 )
 
