@@ -136,9 +136,11 @@ SYSTEMS: list[System] = [
     # warm MARFT with DAPO's overlong filtering: no policy gradient for replies cut at the token limit
     # (warm MARFT's reasoner ran to its 64-token limit on seeds 0 and 1, and the team reward never showed it)
     System("duo-marft-action-warm-mask", "duo", "marft-action", _MASK_CUT, tier=1, warm=True, cold="duo-marft-action"),
-    # warm MARFT with whitened advantages (the reference implementation's normalisation): over 8 steps it held
-    # the reasoner under its token limit on seeds 0 and 1 where the default (raw R - V) ran into it
+    # warm MARFT with whitened advantages (the reference implementation's normalisation): it held the reasoner
+    # under its token limit on every seed where the default (raw R - V) ran into it on two of three
     System("duo-marft-action-warm-whiten", "duo", "marft-action", _WHITEN, tier=1, warm=True, cold="duo-marft-action"),
+    # whitening without the warm start: is it the whitening, or whitening after SFT?
+    System("duo-marft-action-whiten", "duo", "marft-action", _WHITEN, tier=1),
     # compact hand-offs (PACT): the actor reads a record of the reasoner's claims and answer, or its final answer
     # only; trained: the answer view (on arith the record is as long as the text, and it misled the untrained actor)
     System("untrained-duo-record", "duo", tier=1, env_overrides=_RECORD),
@@ -172,6 +174,8 @@ COMPARISONS: list[tuple[str, str]] = [
     ("duo-grpo-warm-kl", "duo-grpo-warm"), ("duo-grpo-warm-kl", "solo-grpo"), ("duo-grpo-warm-kl", "duo-marft-action"),
     ("duo-marft-action-warm-mask", "duo-marft-action-warm"), ("duo-marft-action-warm-mask", "solo-grpo-warm"),
     ("duo-marft-action-warm-whiten", "duo-marft-action-warm"), ("duo-marft-action-warm-whiten", "solo-grpo-warm"),
+    ("duo-marft-action-whiten", "duo-marft-action"), ("duo-marft-action-whiten", "solo-grpo"),
+    ("duo-marft-action-warm-whiten", "duo-marft-action-whiten"),
     ("duo-grpo-warm", "solo-grpo"),  # the warm team against the cold solo agent at equal RL tokens (the tool tasks' question)
     # did training the team move it at all? (the untrained duo is the floor every team starts from)
     *[(d, "untrained-duo") for d in (*_BRANCHED[:2], "duo-grpo-warm-kl")],
