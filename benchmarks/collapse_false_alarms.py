@@ -39,8 +39,9 @@ import argparse
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,22 +85,28 @@ def alarms(rule: str, stream: list[float], units: int) -> list[int]:
     return [t for t, r in enumerate(stream) if detector.check({"team/reward": r, "rollout/problems": float(units)})]
 
 
+def recorded_runs(records: Path) -> Iterator[tuple[str, dict[str, Any], list[dict[str, float]], int]]:
+    """Each equal-budget record under ``records``: its name (``system/seedN``), the record,
+    its per-step curve and its independent problems a step (``num_envs`` over ``group_size``)."""
+    for path in sorted(records.glob("*/seed*.json")):
+        rec = json.loads(path.read_text())
+        cfg = rec.get("config") or {}
+        yield f"{path.parent.name}/{path.stem}", rec, rec.get("curve") or [], cfg.get("num_envs", 1) // max(cfg.get("group_size") or 1, 1)
+
+
 def replay(records: Path) -> list[dict[str, object]]:
     """For each recorded run with a rollback: where each rule fires on its rewards up to the first one."""
     print("| run | problems a step | recorded rollbacks at steps | best-ema fires (up to the first) | marft fires (up to the first) |")
     print("|---|---|---|---|---|")
     rows: list[dict[str, object]] = []
-    for path in sorted(records.glob("*/seed*.json")):
-        rec = json.loads(path.read_text())
-        curve, cfg = rec.get("curve") or [], rec.get("config") or {}
+    for name, _rec, curve, units in recorded_runs(records):
         counts = [p.get("recovery/rollbacks", 0.0) for p in curve]
         rolled = [int(p["train/step"]) for i, p in enumerate(curve) if counts[i] > (counts[i - 1] if i else 0.0)]
         if not rolled:
             continue
-        units = cfg.get("num_envs", 1) // max(cfg.get("group_size") or 1, 1)
         steps = [int(p["train/step"]) for p in curve]
         upto = curve[: steps.index(rolled[0]) + 1]  # after the first rollback the run took another path
-        row: dict[str, object] = {"run": f"{path.parent.name}/{path.stem}", "units": units, "recorded": rolled}
+        row: dict[str, object] = {"run": name, "units": units, "recorded": rolled}
         for rule in RULES:
             row[rule] = [steps[t] for t in alarms(rule, [p["team/reward"] for p in upto], units)]
         rows.append(row)
@@ -112,16 +119,13 @@ def replay_unguarded(records: Path) -> list[dict[str, object]]:
     print("| run | problems a step | steps | team reward, first 3 -> last 3 steps | marft fires at steps | held-out accuracy |")
     print("|---|---|---|---|---|---|")
     rows: list[dict[str, object]] = []
-    for path in sorted(records.glob("*/seed*.json")):
-        rec = json.loads(path.read_text())
-        curve, cfg = rec.get("curve") or [], rec.get("config") or {}
+    for name, rec, curve, units in recorded_runs(records):
         if not curve or str(rec.get("algo", "")).startswith("marft"):
             continue
-        units = cfg.get("num_envs", 1) // max(cfg.get("group_size") or 1, 1)
         steps, rs = [int(p["train/step"]) for p in curve], [p["team/reward"] for p in curve]
         fires = [steps[t] for t in alarms("marft", rs, units)]
         acc = (rec.get("eval") or {}).get("accuracy")
-        row: dict[str, object] = {"run": f"{path.parent.name}/{path.stem}", "units": units, "steps": len(curve),
+        row: dict[str, object] = {"run": name, "units": units, "steps": len(curve),
                                   "start": statistics.mean(rs[:3]), "end": statistics.mean(rs[-3:]), "marft": fires, "accuracy": acc}
         rows.append(row)
         print(f"| {row['run']} | {units} | {len(curve)} | {row['start']:.2f} -> {row['end']:.2f} | {fires or 'none'} | {acc} |")
