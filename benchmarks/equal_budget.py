@@ -10,6 +10,7 @@
         --set num_envs=8 --eval-n 32 --num-envs-eval 32 --out runs/equal_budget-rag \\
         --systems untrained-solo,untrained-duo,solo-grpo,duo-marft-action,duo-grpo   # RAG: solo vs the quartet
     python benchmarks/equal_budget.py --report-only --out runs/equal_budget          # rebuild the report
+    python benchmarks/equal_budget.py --status --out runs/equal_budget               # where each job stands; runs nothing
     python benchmarks/equal_budget.py --model tiny-random --token-budget 40 --eval-n 4 --seeds 0,1 \\
         --set num_envs=2 --max-new-tokens 4 --out /tmp/eb                           # smoke
 
@@ -664,6 +665,61 @@ def run_queue(args: argparse.Namespace, argv: Sequence[str], out: Path) -> None:
             break
 
 
+def job_status(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """Where each job of the selection stands, read from disk (nothing runs): ``done`` (its record),
+    ``running`` (a live job process per its pid file), ``partial`` (a checkpointed, unfinished job:
+    a re-run continues it), ``stopped`` (the collapse guard ended it; a re-run evaluates it) or
+    ``pending``. ``cpu_left`` estimates the CPU minutes still to spend: an unfinished job at its own
+    CPU minutes per token so far (a linear guess: replies that shrink make later tokens dearer),
+    a pending one at the median of the system's recorded jobs (None without one)."""
+    seeds = [int(s) for s in args.seeds.split(",")]
+    records = _records_dir(args, out)
+    rows = []
+    for name, seed in queue(seeds, _systems(args)):
+        row: dict[str, Any] = {"system": name, "seed": seed, "state": "pending", "step": None, "tokens": None, "cpu_minutes": None, "cpu_left": None}
+        path = _job_path(records, name, seed)
+        if path.exists():
+            rec = json.loads(path.read_text())
+            row.update(state="done", step=rec.get("steps"), tokens=rec.get("train_tokens"), cpu_minutes=rec.get("job_cpu_minutes"), cpu_left=0.0,
+                       accuracy=rec.get("accuracy"))
+            rows.append(row)
+            continue
+        prog_path = _progress_path(out / "rundirs" / name / f"seed{seed}")
+        if prog_path.exists():
+            prog = json.loads(prog_path.read_text())
+            cpu = prog.get("job_cpu", prog.get("cpu", 0.0)) / 60
+            row.update(state="stopped" if "stopped" in prog else "partial", step=prog["step"], tokens=prog["tokens"], cpu_minutes=cpu)
+            if "stopped" not in prog and prog["tokens"] > 0:
+                row["cpu_left"] = cpu * max(args.token_budget - prog["tokens"], 0) / prog["tokens"]
+        if _live_pid(out, name, seed) is not None:
+            row["state"] = "running"
+        if row["cpu_left"] is None and row["state"] != "stopped":
+            done = [json.loads(p.read_text()).get("job_cpu_minutes") for p in sorted((records / name).glob("seed*.json"))]
+            done = [d for d in done if d is not None]
+            if done and row["tokens"] is None:
+                row["cpu_left"] = float(np.median(done))
+        rows.append(row)
+    return rows
+
+
+def status_table(rows: Sequence[dict[str, Any]], budget: int) -> str:
+    """:func:`job_status` as markdown, with a closing line of totals."""
+    def fmt(x: float | None, spec: str, none: str = "") -> str:
+        return none if x is None else format(x, spec)
+
+    shown = [{"system": r["system"], "seed": r["seed"], "state": r["state"], "step": fmt(r["step"], "d"),
+              "tokens": fmt(r["tokens"], "d") + ("" if r["tokens"] is None else f"/{budget}"),
+              "cpu_minutes": fmt(r["cpu_minutes"], ".1f"), "cpu_left": fmt(r["cpu_left"], ".1f", "?") if r["state"] != "done" else "",
+              "accuracy": fmt(r.get("accuracy"), ".3f")} for r in rows]
+    cols = ["system", "seed", "state", "step", "tokens", "cpu_minutes", "cpu_left", "accuracy"]
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("done", "running", "partial", "stopped", "pending")}
+    known = [r["cpu_left"] for r in rows if r["cpu_left"] is not None]
+    unknown = sum(r["cpu_left"] is None and r["state"] != "stopped" for r in rows)
+    total = (f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+             + f"; about {sum(known) / 60:.1f} CPU hours left" + (f" (+ {unknown} jobs with no estimate)" if unknown else ""))
+    return markdown_table(shown, cols) + "\n\n" + total
+
+
 def _systems(args: argparse.Namespace) -> list[str] | None:
     if not args.systems:
         return None
@@ -1046,6 +1102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens-to-target level: held-out accuracy a run must reach (0: the untrained solo agent's accuracy)")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="`marft sft` option of the warm systems, e.g. epochs=2 (see `marft sft --help`)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the jobs' JSONs (pass the run's flags)")
+    p.add_argument("--status", action="store_true",
+                   help="print where each job stands (done, running, partial, stopped, pending) and an estimate of the CPU hours left; runs nothing")
     p.add_argument("--records", default="",
                    help="folder of the jobs' result JSONs (default <out>/runs): small enough to keep under version control, "
                         "so a report can pool seeds run on other machines; checkpoints and logs stay in --out")
@@ -1060,6 +1118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     json_option("--env-kwargs", args.env_kwargs, '{"hops": [1], "k": 3}')
     out = Path(args.out)
+    if args.status:
+        print(status_table(job_status(args, out), args.token_budget))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     if args.job:
         name, seed = args.job.rsplit(":", 1)

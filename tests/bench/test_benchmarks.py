@@ -575,6 +575,34 @@ def test_equal_budget_majk_plays_the_same_problems_when_eval_n_exceeds_the_split
     assert n == [24, 24, 24]  # the test split of this level has 24 problems
 
 
+def test_equal_budget_status_reads_records_and_progress_files(eb: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--status: done from a record, partial from a progress file (CPU left at its own rate), stopped by the guard,
+    pending at the median of the system's records or unknown without one; runs nothing, creates nothing."""
+    out, records = tmp_path / "out", tmp_path / "records"
+    for seed, cpu in ((0, 10.0), (3, 30.0)):
+        eb._write_job(records, "solo-grpo", seed, {"steps": 5, "train_tokens": 101, "job_cpu_minutes": cpu, "accuracy": 0.5, "job_minutes": cpu})
+    for name, seed, prog in (("solo-grpo", 1, {"step": 2, "tokens": 25, "job_cpu": 300.0}),
+                             ("duo-grpo", 0, {"step": 3, "tokens": 40, "job_cpu": 60.0, "stopped": {"step": 3}})):
+        (out / "rundirs" / name / f"seed{seed}").mkdir(parents=True)
+        (out / "rundirs" / name / f"seed{seed}" / "progress.json").write_text(json.dumps(prog))
+    args = eb.build_parser().parse_args(["--seeds", "0,1,2", "--token-budget", "100", "--systems", "solo-grpo,duo-grpo",
+                                         "--out", str(out), "--records", str(records)])
+    got = {(r["system"], r["seed"]): r for r in eb.job_status(args, out)}
+    assert got[("solo-grpo", 0)]["state"] == "done" and got[("solo-grpo", 0)]["cpu_left"] == 0.0
+    assert got[("solo-grpo", 1)]["state"] == "partial" and got[("solo-grpo", 1)]["cpu_left"] == pytest.approx(5.0 * 75 / 25)
+    assert got[("solo-grpo", 2)]["state"] == "pending" and got[("solo-grpo", 2)]["cpu_left"] == pytest.approx(20.0)  # median of 10, 30
+    assert got[("duo-grpo", 0)]["state"] == "stopped" and got[("duo-grpo", 0)]["cpu_left"] is None
+    assert got[("duo-grpo", 1)]["state"] == "pending" and got[("duo-grpo", 1)]["cpu_left"] is None
+    assert ("solo-grpo", 3) not in got  # only the selected seeds
+    empty = tmp_path / "nowhere"
+    assert eb.main(["--status", "--seeds", "0", "--systems", "duo-grpo", "--out", str(empty), "--records", str(records)]) == 0
+    assert not empty.exists()
+    text = eb.status_table(eb.job_status(args, out), 100)
+    assert "| solo-grpo | 1 | partial | 2 | 25/100 | 5.0 | 15.0 |" in text
+    assert text.endswith("6 jobs: 1 done, 1 partial, 1 stopped, 3 pending; about 0.6 CPU hours left (+ 2 jobs with no estimate)")
+    assert "pending" in capsys.readouterr().out
+
+
 def test_equal_budget_tokens_to_target(eb: ModuleType) -> None:
     """The first curve point at or above the target; never reached is inf."""
     curve = [{"tokens": 500, "accuracy": 0.2}, {"tokens": 1000, "accuracy": 0.5}, {"tokens": 1500, "accuracy": 0.4}, {"tokens": 2000, "accuracy": 0.7}]
