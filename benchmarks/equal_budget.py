@@ -674,6 +674,7 @@ def job_status(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     a pending one at the median of the system's recorded jobs (None without one)."""
     seeds = [int(s) for s in args.seeds.split(",")]
     records = _records_dir(args, out)
+    runs = _load(records)  # every record once, those of seeds outside the selection too (the pending jobs' medians)
     rows = []
     for name, seed in queue(seeds, _systems(args)):
         row: dict[str, Any] = {"system": name, "seed": seed, "state": "pending", "step": None, "tokens": None, "cpu_minutes": None, "cpu_left": None}
@@ -694,8 +695,7 @@ def job_status(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         if _live_pid(out, name, seed) is not None:
             row["state"] = "running"
         if row["cpu_left"] is None and row["state"] != "stopped":
-            done = [json.loads(p.read_text()).get("job_cpu_minutes") for p in sorted((records / name).glob("seed*.json"))]
-            done = [d for d in done if d is not None]
+            done = [r["job_cpu_minutes"] for r in runs[name] if r.get("job_cpu_minutes") is not None]
             if done and row["tokens"] is None:
                 row["cpu_left"] = float(np.median(done))
         rows.append(row)
