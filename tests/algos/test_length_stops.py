@@ -133,6 +133,7 @@ def test_the_watch_warns_once_on_a_drift_and_again_only_after_a_recovery(caplog)
     assert warned == [5]
     (msg,) = [r.getMessage() for r in caplog.records if "max_new_tokens" in r.getMessage()]
     assert "agent reasoner: 63% of its actions" in msg and "27% over the run's first 3 steps" in msg and "mask_length_stops=true" in msg
+    assert msg.index("normalize_advantages=batch") < msg.index("mask_length_stops=true")  # the measured remedy first
     # below half the threshold (mean < 0.25) re-arms it; a second rise warns again
     assert _watch_run(drift + [0.1, 0.1, 0.1, 0.9, 0.9, 0.9])[0] == [5, 14]
     assert _watch_run(drift + [0.3, 0.3, 0.3, 0.9, 0.9, 0.9])[0] == [5]  # 0.30 >= 0.25: still armed off
