@@ -187,7 +187,7 @@ COMPARISONS: list[tuple[str, str]] = [
     ("duo-grpo-async-s1", "duo-grpo-async-s0"), ("duo-grpo-async-s2", "duo-grpo-async-s0"), ("duo-grpo-async-s0", "duo-grpo"),
 ]
 #: config fields a job's JSON keeps (what differs between systems)
-CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "init_from", "reference", "beta", "mask_length_stops",
+CONFIG_KEPT = ("lr", "num_envs", "group_size", "normalize_advantages", "lora_r", "lora_alpha", "sampling_overrides", "branching", "branch_expand", "branch_depth", "init_from", "reference", "beta", "mask_length_stops",
                "rollout_workers", "max_staleness")
 TABLE_COLUMNS = ["system", "env_id", "seeds", "mean_accuracy", "seed_accuracies", "pooled_ci", "problems", "train_tokens",
                  "steps", "train_minutes", "job_minutes", "job_cpu_minutes", "eval_tokens_per_episode", "eval_prompt_tokens_per_episode", "tool_call_rate", "status"]
