@@ -445,6 +445,7 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
     spec, config = _config(system, seed, args, run_dir, out)
     trainer = spec.trainer_cls(config)
     prog = _resume(trainer, run_dir)
+    prog.setdefault("threads", []).append(args.threads)  # one entry per process: a resume may change --threads, which moves the minutes
     wall_before, cpu_before = prog.get("job_wall", 0.0), prog.get("job_cpu", 0.0)
     if system.warm and prog["step"] == 0 and "init_eval" not in prog:  # after SFT, before RL: splits warm - cold into what SFT and RL each did
         prog["init_eval"] = _init_eval(trainer.policy, env_id, env_kwargs, args)
@@ -482,7 +483,7 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         trainer.logger.flush()
     rec: dict[str, Any] = dict(
         train_tokens=prog["tokens"], steps=trainer.global_step, train_groups=prog["groups"], train_minutes=prog["spent"] / 60,
-        train_cpu_minutes=prog["cpu"] / 60, curve=prog["curve"], resumed_at=prog.get("resumed_at"),
+        train_cpu_minutes=prog["cpu"] / 60, curve=prog["curve"], resumed_at=prog.get("resumed_at"), threads=prog["threads"],
         job_minutes_before_resume=wall_before / 60, job_cpu_minutes_before_resume=cpu_before / 60,
         config={k: v for k, v in config.to_dict().items() if k in CONFIG_KEPT})
     if "stopped" in prog:
