@@ -110,6 +110,7 @@ class System:
 
 _AGENTWISE = (("normalize_advantages", "agent"),)
 _BRANCH = (("branching", 2),)
+_BUDGET_TREE = (("branch_expand", "random"),)  # with _BRANCH: one random sibling branches on, the others play out as chains
 _KL_TO_SFT = (("reference", "init"), ("beta", 0.04))
 _RECORD = (("handoff", "record"),)  # the actor sees a compact record of the reasoner's claims and answer (PACT)
 _ANSWER = (("handoff", "answer"),)  # the actor sees the reasoner's final answer only
@@ -132,6 +133,10 @@ SYSTEMS: list[System] = [
     System("duo-marft-action-warm", "duo", "marft-action", tier=1, warm=True, cold="duo-marft-action"),
     System("duo-grpo-branch-warm", "duo", "grpo", _AGENTWISE + _BRANCH, tier=1, warm=True, cold="duo-grpo-branch"),
     System("duo-marft-action-branch-warm", "duo", "marft-action", _BRANCH, tier=1, warm=True, cold="duo-marft-action-branch"),
+    # the budgeted tree (MALT / PettingLLMs): 1 + actions leaves a root instead of 2^actions, for the RAG quartet,
+    # whose full tree (16 leaves, 30 agent turns a root) bought 3 steps of 35,000 tokens
+    System("duo-grpo-branch-budget", "duo", "grpo", _AGENTWISE + _BRANCH + _BUDGET_TREE, tier=1),
+    System("duo-marft-action-branch-budget", "duo", "marft-action", _BRANCH + _BUDGET_TREE, tier=1),
     # the warm start held near its SFT policy: a KL penalty (beta 0.04, DeepSeekMath's GRPO value) to the SFT weights
     System("duo-grpo-warm-kl", "duo", "grpo", _AGENTWISE + _KL_TO_SFT, tier=1, warm=True, cold="duo-grpo"),
     # warm MARFT with DAPO's overlong filtering: no policy gradient for replies cut at the token limit
@@ -155,6 +160,7 @@ SYSTEMS: list[System] = [
 BY_NAME = {s.name: s for s in SYSTEMS}
 _TEAMS = ("duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo")
 _BRANCHED = ("duo-grpo-branch", "duo-marft-action-branch", "duo-grpo-branch-warm", "duo-marft-action-branch-warm")
+_BUDGETED = ("duo-grpo-branch-budget", "duo-marft-action-branch-budget")
 #: Paired differences of the report: (A, B) reads "A - B".
 COMPARISONS: list[tuple[str, str]] = [
     *[(d, "solo-grpo") for d in _TEAMS],
@@ -183,6 +189,9 @@ COMPARISONS: list[tuple[str, str]] = [
     ("duo-marft-action-answer", "duo-marft-action"), ("duo-marft-action-answer", "solo-grpo"),
     ("duo-marft-action-answer", "untrained-duo-answer"), ("untrained-duo-answer", "untrained-duo"), ("untrained-duo-record", "untrained-duo"),
     *[(d, "solo-majk") for d in _BRANCHED],
+    # the budgeted tree against the team without branching, the full tree, the solo agent and the untrained team
+    *[(d, d.replace("-branch-budget", "")) for d in _BUDGETED], *[(d, d.replace("-budget", "")) for d in _BUDGETED],
+    *[(d, b) for d in _BUDGETED for b in ("solo-grpo", "untrained-duo")],
     # issue 31: staleness k - staleness 0, and the asynchronous run at staleness 0 against the synchronous one
     ("duo-grpo-async-s1", "duo-grpo-async-s0"), ("duo-grpo-async-s2", "duo-grpo-async-s0"), ("duo-grpo-async-s0", "duo-grpo"),
 ]

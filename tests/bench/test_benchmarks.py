@@ -417,9 +417,9 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     core = ["solo-grpo", "duo-marft-action", "duo-marft-token", "duo-grpo", "duo-ippo"]
     assert q[7:22] == [(s, k) for k in (0, 1, 2) for s in core]
     credit = [s.name for s in eb.SYSTEMS if s.tier == 1 and s.trained]
-    assert len(credit) == 12 and q[22:58] == [(s, k) for k in (0, 1, 2) for s in credit]
-    assert {s for s, _ in q[58:64]} == {"malt-grpo", "rema-grpo"}
-    assert q[64:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
+    assert len(credit) == 14 and q[22:64] == [(s, k) for k in (0, 1, 2) for s in credit]
+    assert {s for s, _ in q[64:70]} == {"malt-grpo", "rema-grpo"}
+    assert q[70:] == [(f"duo-grpo-async-s{s}", k) for k in (0, 1, 2) for s in (0, 1, 2)]
     # every comparison names known systems; each branching system is compared with its plain twin, each warm one with its cold one
     assert {n for pair in eb.COMPARISONS for n in pair} <= set(eb.BY_NAME) and all(a != b for a, b in eb.COMPARISONS)
     assert ("duo-grpo-warm-kl", "duo-grpo-warm") in eb.COMPARISONS and ("duo-grpo-warm", "solo-grpo") in eb.COMPARISONS
@@ -431,6 +431,9 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     with pytest.raises(ValueError, match="cold="):
         eb.System("x-warm", "duo", "grpo", warm=True)
     assert ("duo-grpo-branch", "duo-grpo") in eb.COMPARISONS and ("duo-marft-action-branch-warm", "duo-marft-action-branch") in eb.COMPARISONS
+    budget = eb.BY_NAME["duo-marft-action-branch-budget"]  # the budgeted tree: branching 2, one random sibling branches on
+    assert dict(budget.overrides) == {"branching": 2, "branch_expand": "random"} and budget.algo == "marft-action"
+    assert {("duo-grpo-branch-budget", "duo-grpo"), ("duo-grpo-branch-budget", "duo-grpo-branch"), ("duo-marft-action-branch-budget", "solo-grpo")} <= set(eb.COMPARISONS)
     assert eb.grad_spikes([1.0, 1.0, 1.0, 3.5, float("nan")]) == 1 and eb.grad_spikes([0.0, 0.0]) == 0
 
 
