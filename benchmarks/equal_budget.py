@@ -368,9 +368,10 @@ def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Pa
 
 def _step_record(m: dict[str, Any], tokens: int, minutes: float) -> dict[str, Any]:
     """The per-step metrics kept in a job's JSON (reward, tokens, per-agent grad norms, rollbacks, agent metrics,
-    the KL to the reference and across the update, and an actor-critic's mean advantage and value per agent)."""
+    the KL to the reference and across the update, an actor-critic's mean advantage and value per agent, and the
+    step's torch thread count, which a resume with another ``--threads`` changes and the minutes depend on)."""
     keep = {k: float(v) for k, v in m.items() if isinstance(v, int | float) and (
-        k.startswith(("team/", "recovery/")) or k in ("rollout/tokens", "critic/grad_norm", "train/step")
+        k.startswith(("team/", "recovery/")) or k in ("rollout/tokens", "critic/grad_norm", "train/step", "perf/threads")
         or (k.startswith("agent/") and k.rsplit("/", 1)[-1] in ("reward", "grad_norm", "response_len", "entropy", "kl", "length_stop_frac",
                                                                        "rollout_ref_kl", "update_kl", "ref_kl",
                                                                        "advantage_mean", "value_mean")))}
@@ -454,7 +455,6 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
     spec, config = _config(system, seed, args, run_dir, out)
     trainer = spec.trainer_cls(config)
     prog = _resume(trainer, run_dir)
-    prog.setdefault("threads", []).append(args.threads)  # one entry per process: a resume may change --threads, which moves the minutes
     wall_before, cpu_before = prog.get("job_wall", 0.0), prog.get("job_cpu", 0.0)
     if system.warm and prog["step"] == 0 and "init_eval" not in prog:  # after SFT, before RL: splits warm - cold into what SFT and RL each did
         prog["init_eval"] = _init_eval(trainer.policy, env_id, env_kwargs, args)
@@ -492,7 +492,7 @@ def _train(system: System, seed: int, args: argparse.Namespace, out: Path, env_i
         trainer.logger.flush()
     rec: dict[str, Any] = dict(
         train_tokens=prog["tokens"], steps=trainer.global_step, train_groups=prog["groups"], train_minutes=prog["spent"] / 60,
-        train_cpu_minutes=prog["cpu"] / 60, curve=prog["curve"], resumed_at=prog.get("resumed_at"), threads=prog["threads"],
+        train_cpu_minutes=prog["cpu"] / 60, curve=prog["curve"], resumed_at=prog.get("resumed_at"),
         job_minutes_before_resume=wall_before / 60, job_cpu_minutes_before_resume=cpu_before / 60,
         config={k: v for k, v in config.to_dict().items() if k in CONFIG_KEPT})
     if "stopped" in prog:

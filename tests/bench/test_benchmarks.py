@@ -630,7 +630,7 @@ def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleTy
     (out / "runs" / "duo-grpo" / "seed0.json").unlink()  # as if the job had died before writing its result
     assert eb.main([*base, "--token-budget", "24", "--out", str(out)]) == 0
     resumed = json.loads((out / "runs" / "duo-grpo" / "seed0.json").read_text())
-    assert resumed["resumed_at"] == [1] and resumed["threads"] == [1, 1]  # each process's --threads, which its minutes depend on
+    assert resumed["resumed_at"] == [1] and [c["perf/threads"] for c in resumed["curve"]] == [1.0] * resumed["steps"]  # each step's threads
     assert resumed["job_minutes_before_resume"] == pytest.approx(prog["job_wall"] / 60)
     assert resumed["job_minutes"] > resumed["job_minutes_before_resume"] > 0 and resumed["job_cpu_minutes"] > resumed["job_cpu_minutes_before_resume"] > 0
     assert (resumed["steps"], resumed["train_tokens"]) == (whole["steps"], whole["train_tokens"])
