@@ -46,6 +46,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -75,7 +76,8 @@ class System:
     """One system of the comparison: ``env`` is "solo", "duo", "malt" or "rema" (the env flag that plays it).
 
     ``warm``: RL starts from per-role adapters that ``marft sft`` trained on the env's scripted
-    demonstrations (issue 30 section 2); ``cold`` names its cold twin, the same RL from fresh
+    demonstrations (issue 30 section 2; the warm systems of one seed share one SFT run, see
+    ``_warm_start``); ``cold`` names its cold twin, the same RL from fresh
     adapters, which the report pairs it with (warm - cold). ``env_overrides``: env keywords of
     this system on top of ``--env-kwargs`` (e.g. a compact hand-off, issue 30 section 3).
     ``tier``: queue order (0 the baselines of issue 18, 1 the credit-assignment systems of
@@ -346,24 +348,69 @@ def _config(system: System, seed: int, args: argparse.Namespace, run_dir: Path, 
 def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Path) -> Path:
     """The SFT run a warm system starts RL from: ``marft sft`` on the env's scripted demonstrations
     with the RL run's LoRA shape, once per (system, seed) inside the job's run dir (a re-run
-    reuses a finished one). Demonstrations are not generated tokens: the budget counts RL only."""
+    reuses a finished one). Demonstrations are not generated tokens: the budget counts RL only.
+
+    Warm systems of one seed on one env share their SFT settings, and SFT is deterministic given
+    them, so a finished SFT run of another job under the same ``--out`` with exactly the same
+    ``marft sft`` settings (all but the run dir) is copied instead of trained again."""
     from marft_algos.cli import main as marft
 
     sft_dir = run_dir / "sft"
     done = sft_dir / "SFT_DONE"
     if not done.exists():
-        rl = {**QUICKSTART_RECIPE, **dict(kv.split("=", 1) for kv in args.set if "=" in kv)}
-        argv = ["sft", "--env", _env_id(args, system.env), "--env-kwargs", json.dumps(_env_kwargs(system, args)), "--model", args.model,
-                "--demos", "scripted", "--seed", str(seed), "--out", str(sft_dir),
-                "--lora-r", str(rl["lora_r"]), "--lora-alpha", str(rl["lora_alpha"])]
-        for kv in args.sft_set:  # KEY=VALUE -> --key VALUE (see `marft sft --help`)
-            key, _, value = kv.partition("=")
-            argv += ["--" + key.replace("_", "-"), value]
+        argv = _sft_argv(system, seed, args, sft_dir)
+        twin = _sft_twin(run_dir.parent.parent, argv)
+        if twin is not None:
+            tmp = sft_dir.with_name("sft.copying")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(twin, tmp)
+            (tmp / "COPIED_FROM").write_text(f"{twin}\n")
+            shutil.rmtree(sft_dir, ignore_errors=True)  # an SFT run a killed job left unfinished
+            tmp.rename(sft_dir)  # SFT_DONE came with the copy
+            print(f"[equal-budget] {system.name} seed {seed}: SFT adapters copied from {twin} (the same `marft sft` settings)", flush=True)
+            return sft_dir
+        shutil.rmtree(sft_dir, ignore_errors=True)  # `marft sft` wants a new or empty run dir
         code = marft(argv)
         if code:
             raise SystemExit(f"{system.name} seed {seed}: `marft {' '.join(argv)}` failed (exit {code})")
         done.write_text("ok\n")
     return sft_dir
+
+
+def _sft_argv(system: System, seed: int, args: argparse.Namespace, sft_dir: Path) -> list[str]:
+    """The ``marft sft`` command line of a warm system's SFT run."""
+    rl = {**QUICKSTART_RECIPE, **dict(kv.split("=", 1) for kv in args.set if "=" in kv)}
+    argv = ["sft", "--env", _env_id(args, system.env), "--env-kwargs", json.dumps(_env_kwargs(system, args)), "--model", args.model,
+            "--demos", "scripted", "--seed", str(seed), "--out", str(sft_dir),
+            "--lora-r", str(rl["lora_r"]), "--lora-alpha", str(rl["lora_alpha"])]
+    for kv in args.sft_set:  # KEY=VALUE -> --key VALUE (see `marft sft --help`)
+        key, _, value = kv.partition("=")
+        argv += ["--" + key.replace("_", "-"), value]
+    return argv
+
+
+def _sft_settings(argv: list[str]) -> dict[str, Any]:
+    """The ``SFTConfig`` a ``marft sft`` command line gives, as in its ``sft.json``, without the run dir."""
+    from marft_algos.cli import _sft_config
+    from marft_algos.cli import build_parser as marft_parser
+
+    settings = json.loads(json.dumps(dataclasses.asdict(_sft_config(marft_parser().parse_args(argv)))))
+    settings.pop("out_dir", None)
+    return settings
+
+
+def _sft_twin(rundirs: Path, argv: list[str]) -> Path | None:
+    """A finished SFT run under ``rundirs`` (``<system>/seed<k>/sft``) whose settings equal ``argv``'s."""
+    want = _sft_settings(argv)
+    for done in sorted(rundirs.glob("*/seed*/sft/SFT_DONE")):
+        try:
+            have = json.loads((done.parent / "sft.json").read_text())["config"]
+        except (OSError, ValueError, KeyError):
+            continue
+        have.pop("out_dir", None)
+        if have == want:
+            return done.parent
+    return None
 
 
 def _step_record(m: dict[str, Any], tokens: int, minutes: float) -> dict[str, Any]:
@@ -987,7 +1034,8 @@ def _plot(out: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
     a1.set_xlabel("generated training tokens")
     a1.set_ylabel("team reward (training batch)")
     a1.set_title("learning curves (one line per seed)")
-    a1.legend(fontsize=7)
+    if a1.get_legend_handles_labels()[0]:  # untrained systems only: no curve to label
+        a1.legend(fontsize=7)
     names = [s.name for s in SYSTEMS]
     for x, n in enumerate(names):
         accs = [r["accuracy"] for r in runs.get(n, [])]

@@ -85,7 +85,7 @@ class SFTConfig:
     lr: float = field(default=2e-4, metadata={"help": "AdamW learning rate of the adapters."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm per step (<= 0: off)."})
     roles: list[str] = field(default_factory=list, metadata={"help": "Roles to train (default: every role with demos); the others keep fresh adapters."})
-    seed: int = field(default=0, metadata={"help": "Seed of the demo problems, the adapters' init and the sample order."})
+    seed: int = field(default=0, metadata={"help": "Seed of the demo problems and the sample order (the adapters start from the policy's fixed LoRA init, as in RL)."})
 
     def __post_init__(self) -> None:
 

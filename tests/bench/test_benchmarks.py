@@ -694,6 +694,35 @@ def test_equal_budget_warm_system_starts_rl_from_its_sft_run(eb: ModuleType, tmp
     assert rec["heldout_curve"][0] == {"tokens": 0, "accuracy": rec["init_eval"]["curve_point"]["accuracy"], "n": 1}
 
 
+def test_equal_budget_warm_jobs_of_one_seed_share_one_sft_run(eb: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second warm system of a seed copies the first one's finished SFT run (same `marft sft` settings)
+    instead of training it again; other settings (another seed, other --sft-set) train their own."""
+    import marft_algos.cli
+
+    systems = {s.name: s for s in eb.SYSTEMS}
+    args = eb.build_parser().parse_args(["--model", "tiny-random", "--sft-set", "num_demos=2", "--sft-set", "epochs=1",
+                                         "--sft-set", "device=cpu", "--out", str(tmp_path)])
+    first = eb._warm_start(systems["duo-grpo-warm"], 0, args, tmp_path / "rundirs" / "duo-grpo-warm" / "seed0")
+    trained = []
+    real = marft_algos.cli.main
+    monkeypatch.setattr(marft_algos.cli, "main", lambda argv: trained.append(argv) or real(argv))
+    second = eb._warm_start(systems["duo-marft-action-warm"], 0, args, tmp_path / "rundirs" / "duo-marft-action-warm" / "seed0")
+    assert trained == [] and second == tmp_path / "rundirs" / "duo-marft-action-warm" / "seed0" / "sft"
+    assert (second / "SFT_DONE").exists() and (second / "COPIED_FROM").read_text().strip() == str(first)
+    files = sorted(f.relative_to(first) for f in first.rglob("*") if f.is_file())
+    assert files and all((first / f).read_bytes() == (second / f).read_bytes() for f in files)
+    # a killed job's unfinished SFT dir is replaced, not an error
+    (tmp_path / "rundirs" / "duo-grpo-branch-warm" / "seed0" / "sft").mkdir(parents=True)
+    (tmp_path / "rundirs" / "duo-grpo-branch-warm" / "seed0" / "sft" / "config.json").write_text("{}")
+    third = eb._warm_start(systems["duo-grpo-branch-warm"], 0, args, tmp_path / "rundirs" / "duo-grpo-branch-warm" / "seed0")
+    assert trained == [] and (third / "sft.json").read_bytes() == (first / "sft.json").read_bytes()
+    # another seed, or other SFT settings: no twin, so `marft sft` trains
+    eb._warm_start(systems["duo-marft-action-warm"], 1, args, tmp_path / "rundirs" / "duo-marft-action-warm" / "seed1")
+    assert len(trained) == 1 and trained[0][trained[0].index("--seed") + 1] == "1"
+    args.sft_set = [*args.sft_set, "lr=0.001"]
+    assert eb._sft_twin(tmp_path / "rundirs", eb._sft_argv(systems["duo-grpo-warm"], 0, args, tmp_path / "x")) is None
+
+
 def test_equal_budget_fits_the_last_step_to_the_budget(eb: ModuleType) -> None:
     """A full step while it fits; then the groups the rest of the budget buys at the rate seen so far."""
     assert eb.fit_groups(0, 0, 3500, 8) == 8  # no estimate yet
