@@ -234,20 +234,21 @@ def test_sft_learns_the_demos_and_writes_a_run_dir_that_init_and_eval_load(tmp_p
 
 
 def test_sft_is_deterministic_given_its_settings(tmp_path):
-    """Two runs with the same settings write the same adapters (what lets benchmarks/equal_budget.py
-    copy one warm job's SFT run to another job of the same seed instead of training it again)."""
-    demos = _jsonl(tmp_path / "d.jsonl", ECHO_ROWS * 2)
-    runs = [SFTConfig(env_id="echo-duo-v0", demos=str(demos), model="tiny-random", device="cpu", out_dir=str(tmp_path / name),
-                      epochs=2, batch_size=2, lr=lr) for name, lr in (("a", 1e-2), ("b", 1e-2), ("c", 2e-2))]
+    """Two runs with the same settings (scripted demos: the seed picks the problems and the sample
+    order) write the same adapters, what lets benchmarks/equal_budget.py copy one warm job's SFT run
+    to another job of the same seed instead of training it again; another seed writes others."""
+    runs = [SFTConfig(env_id="arith-duo-v0", demos="scripted", num_demos=3, model="tiny-random", device="cpu",
+                      out_dir=str(tmp_path / name), epochs=2, batch_size=2, lr=1e-2, seed=seed)
+            for name, seed in (("a", 0), ("b", 0), ("c", 1))]
     results = [run_sft(cfg, log=None) for cfg in runs]
     from marft_algos.evaluation.policies import checkpoint_policy
 
     a, b, c = (checkpoint_policy(r.out_dir).policy for r in results)
-    for role in ("speaker", "listener"):
+    for role in ("reasoner", "actor"):
         sa, sb, sc = a.adapter_state_dict(role), b.adapter_state_dict(role), c.adapter_state_dict(role)
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
-        assert any(not torch.equal(sa[k], sc[k]) for k in sa)  # another setting: other adapters (the test can fail)
-    assert results[0].losses == results[1].losses
+        assert any(not torch.equal(sa[k], sc[k]) for k in sa)  # the seed matters: the test can fail
+    assert results[0].losses == results[1].losses != results[2].losses
 
 
 def test_cli_sft_then_train_init(tmp_path, capsys):
