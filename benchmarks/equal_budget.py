@@ -358,6 +358,9 @@ def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Pa
     sft_dir = run_dir / "sft"
     done = sft_dir / "SFT_DONE"
     if not done.exists():
+        # An SFT run a killed job left unfinished goes either way: `marft sft` wants a new or
+        # empty run dir, and a copy is renamed into place.
+        shutil.rmtree(sft_dir, ignore_errors=True)
         argv = _sft_argv(system, seed, args, sft_dir)
         twin = _sft_twin(run_dir.parent.parent, argv)
         if twin is not None:
@@ -365,11 +368,9 @@ def _warm_start(system: System, seed: int, args: argparse.Namespace, run_dir: Pa
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(twin, tmp)
             (tmp / "COPIED_FROM").write_text(f"{twin}\n")
-            shutil.rmtree(sft_dir, ignore_errors=True)  # an SFT run a killed job left unfinished
             tmp.rename(sft_dir)  # SFT_DONE came with the copy
             print(f"[equal-budget] {system.name} seed {seed}: SFT adapters copied from {twin} (the same `marft sft` settings)", flush=True)
             return sft_dir
-        shutil.rmtree(sft_dir, ignore_errors=True)  # `marft sft` wants a new or empty run dir
         code = marft(argv)
         if code:
             raise SystemExit(f"{system.name} seed {seed}: `marft {' '.join(argv)}` failed (exit {code})")
