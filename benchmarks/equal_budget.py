@@ -248,6 +248,30 @@ def grad_spikes(norms: Sequence[float], factor: float = 3.0) -> int:
     return sum(x > factor * med for x in xs) if med > 0 else 0
 
 
+def grad_jumps(norms: Sequence[float], factor: float = 3.0, window: int = 5, min_history: int = 3) -> int:
+    """Steps whose gradient norm is above ``factor`` x the median of the ``window`` non-zero norms
+    before it (judged once ``min_history`` of them exist): a sudden rise against recent steps.
+
+    Unlike :func:`grad_spikes` (against the whole run's median), a norm that decays over a run, or
+    steps without signal (norm 0, as in an all-correct GRPO group), do not make earlier steps jumps.
+
+    >>> grad_jumps([0.8, 0.4, 0.2, 0.1, 0.05, 0.02, 0.02])
+    0
+    >>> grad_jumps([0.1, 0.0, 0.1, 0.1, 0.0, 0.5, 0.1])
+    1
+    """
+    history: list[float] = []
+    jumps = 0
+    for x in norms:
+        if x != x or x <= 0:  # NaN or no gradient: neither a jump nor history
+            continue
+        recent = history[-window:]
+        if len(recent) >= min_history and x > factor * float(np.median(recent)):
+            jumps += 1
+        history.append(x)
+    return jumps
+
+
 # --------------------------------------------------------------------------------------
 # one job
 # --------------------------------------------------------------------------------------
@@ -950,16 +974,17 @@ def _stability(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for s in SYSTEMS:
         if not s.trained or not runs.get(s.name):
             continue
-        spikes, steps, rollbacks, peak = 0, 0, 0, 0.0
+        spikes, jumps, steps, rollbacks, peak = 0, 0, 0, 0, 0.0
         for r in runs[s.name]:
             agents = sorted({k.split("/")[1] for st in r["curve"] for k in st if k.startswith("agent/") and k.endswith("/grad_norm")})
             for a in agents:
                 norms = [st.get(f"agent/{a}/grad_norm", float("nan")) for st in r["curve"]]
                 spikes += grad_spikes(norms)
+                jumps += grad_jumps(norms)
                 peak = max([peak, *[x for x in norms if x == x]])
             steps += len(r["curve"])
             rollbacks += int(sum(st.get("recovery/rollback", 0.0) for st in r["curve"]))
-        rows.append({"system": s.name, "seeds": len(runs[s.name]), "steps": steps, "grad_spikes": spikes, "max_grad_norm": peak, "rollbacks": rollbacks})
+        rows.append({"system": s.name, "seeds": len(runs[s.name]), "steps": steps, "grad_spikes": spikes, "grad_jumps": jumps, "max_grad_norm": peak, "rollbacks": rollbacks})
     return rows
 
 
@@ -1090,8 +1115,9 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
         + markdown_table(rows, TABLE_COLUMNS)
         + "\n\n## Paired differences (A - B, mean over seeds; 95% paired bootstrap interval)\n\n"
         + markdown_table(diffs, DIFF_COLUMNS)
-        + "\n\n## Stability (gradient-norm spikes: steps above 3x the run's median, per agent; collapse-recovery rollbacks)\n\n"
-        + markdown_table(stab, ["system", "seeds", "steps", "grad_spikes", "max_grad_norm", "rollbacks"])
+        + "\n\n## Stability (per agent: gradient-norm spikes, steps above 3x the run's median norm, which a norm decaying to ~0"
+        " turns into spikes; jumps, steps above 3x the median of the 5 non-zero norms before them; collapse-recovery rollbacks)\n\n"
+        + markdown_table(stab, ["system", "seeds", "steps", "grad_spikes", "grad_jumps", "max_grad_norm", "rollbacks"])
         + "\n\n## Per-agent view (training metrics, first step -> last step, mean over seeds)\n\n"
         + (markdown_table(agents, agent_cols) if agents else "no trained run yet") + "\n"
     )

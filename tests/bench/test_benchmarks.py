@@ -437,6 +437,23 @@ def test_equal_budget_queue_order(eb: ModuleType) -> None:
     assert eb.grad_spikes([1.0, 1.0, 1.0, 3.5, float("nan")]) == 1 and eb.grad_spikes([0.0, 0.0]) == 0
 
 
+def test_grad_jumps_count_sudden_rises_not_decays(eb: ModuleType) -> None:
+    """A norm decaying to ~0 makes its early steps "spikes" against the run's median, never jumps;
+    a rise above 3x the median of the previous (up to 5) non-zero norms is one, zero steps are skipped."""
+    import numpy as np
+
+    decay = [0.76, 0.5, 0.3, 0.1, 0.05, 0.03, 0.02, 0.01, 0.02, 0.01]
+    assert eb.grad_spikes(decay) == 3 and eb.grad_jumps(decay) == 0
+    jumps = eb.grad_jumps
+    assert jumps([0.1, 0.1, 0.0, 0.1, 0.31, 0.0, float("nan"), 0.1]) == 1  # 0.31 > 3 x median(0.1, 0.1, 0.1)
+    assert jumps([0.1, 0.1, 0.0, 0.1, 0.3]) == 0  # not above 3x
+    assert jumps([0.1, 0.1, 0.9]) == 0  # two earlier non-zero norms: too few to judge
+    # the window: only the 5 non-zero norms before a step count
+    assert jumps([1.0] * 3 + [0.1] * 5 + [0.35]) == 1 and jumps([1.0] * 3 + [0.1] * 2 + [0.35]) == 0
+    rng = np.random.default_rng(0)  # a stationary norm rarely jumps 3x its recent median
+    assert jumps(list(rng.uniform(0.5, 1.0, 200))) == 0
+
+
 def test_equal_budget_tool_roles_get_room_for_a_call(eb: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     """The quickstart actor's 24 tokens cut a 34-token calculator call: a role with tools gets at least 48."""
     args = eb.build_parser().parse_args([])
