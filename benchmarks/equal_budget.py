@@ -876,6 +876,20 @@ def _target(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> 
     return float(np.mean(solo[0]["correct_per_problem"][: args.curve_eval_n])) if solo else float("nan")
 
 
+def _efficiency_report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
+    """The report's tokens-to-target section and its rows; a default target that every curve meets
+    (the untrained solo agent scores 0, as on RAG) or that is unknown is named instead of tabulated."""
+    rows = _efficiency(runs, target := _target(runs, args))
+    if not rows:  # no trained run with a held-out curve
+        return "", []
+    head = (f"\n## Sample efficiency: generated training tokens until held-out accuracy (first {args.curve_eval_n} test problems, "
+            f"greedy, every {args.curve_every_tokens} tokens) first reaches the target\n\n")
+    if not target > 0:  # 0 or nan
+        why = "scores 0 on them, so every curve point meets its accuracy" if target == 0 else "has no record"
+        return head + f"No target: the untrained solo agent {why}; pass `--target` (a held-out accuracy) for this table.\n", []
+    return head + markdown_table(rows, ["system", "target", "seeds", "tokens_to_target", "median", "reached", "final_curve_accuracy"]) + "\n", rows
+
+
 def _efficiency(runs: dict[str, list[dict[str, Any]]], target: float) -> list[dict[str, Any]]:
     """Per trained system with held-out curves: tokens-to-target per seed and their median."""
     rows = []
@@ -1125,11 +1139,8 @@ def report(args: argparse.Namespace, out: Path, command: str) -> str:
     if per_seed:
         text += ("\n## Paired differences per seed (seed k of A - seed k of B; an untrained greedy B, recorded once, against every seed of A)\n\n"
                  + markdown_table(per_seed, PER_SEED_COLUMNS) + "\n")
-    efficiency = _efficiency(runs, _target(runs, args))
-    if efficiency:
-        text += (f"\n## Sample efficiency: generated training tokens until held-out accuracy (first {args.curve_eval_n} test problems, "
-                 f"greedy, every {args.curve_every_tokens} tokens) first reaches the target\n\n"
-                 + markdown_table(efficiency, ["system", "target", "seeds", "tokens_to_target", "median", "reached", "final_curve_accuracy"]) + "\n")
+    section, efficiency = _efficiency_report(runs, args)
+    text += section
     cut = _length_stops(runs)
     if cut:
         text += ("\n## Length stops: each agent's share of actions cut by its max_new_tokens, mean of the first 3 and the last 3 training steps, per seed\n\n"

@@ -630,6 +630,24 @@ def test_equal_budget_tokens_to_target(eb: ModuleType) -> None:
     assert eb.tokens_to_target(curve, 0.8) == float("inf") and eb.tokens_to_target([], 0.1) == float("inf")
 
 
+def test_equal_budget_sample_efficiency_names_a_target_every_curve_meets(eb: ModuleType) -> None:
+    """The default target is the untrained solo agent's accuracy on the curve's problems; where that is 0
+    (RAG) every curve point meets it, so the section asks for --target instead of tabulating 'reached'."""
+    import argparse
+
+    curve = [{"tokens": 5000, "accuracy": 0.0}, {"tokens": 10000, "accuracy": 0.6}]
+    runs = {"solo-grpo": [{"seed": 0, "heldout_curve": curve}], "untrained-solo": [{"seed": 0, "correct_per_problem": [0, 0, 1, 0]}]}
+    args = argparse.Namespace(target=0.0, curve_eval_n=2, curve_every_tokens=5000)
+    text, rows = eb._efficiency_report(runs, args)
+    assert "every curve point meets" in text and "--target" in text and "| solo-grpo |" not in text and rows == []
+    args.curve_eval_n = 4  # untrained 0.25 on the first four: reached at 10,000 tokens
+    assert "| solo-grpo | 0.250 | 0 | 10000 | 10000 | 1/1 | 0.600 |" in eb._efficiency_report(runs, args)[0]
+    args.target, args.curve_eval_n = 0.5, 2
+    assert "| solo-grpo | 0.500 | 0 | 10000 | 10000 | 1/1 | 0.600 |" in eb._efficiency_report(runs, args)[0]
+    assert "has no record" in eb._efficiency_report({"solo-grpo": runs["solo-grpo"]}, argparse.Namespace(target=0.0, curve_eval_n=2, curve_every_tokens=5000))[0]
+    assert eb._efficiency_report({}, args) == ("", [])
+
+
 def test_equal_budget_resumes_an_unfinished_job_from_its_checkpoint(eb: ModuleType, tmp_path: Path) -> None:
     """A job stopped after its first step continues from that step's checkpoint (not from zero) and ends where
     an uninterrupted job ends: same steps, same tokens, same per-step rewards, same held-out result."""
