@@ -1195,7 +1195,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out accuracy every N generated training tokens (0: off): the tokens-to-target table")
     p.add_argument("--curve-eval-n", type=int, default=50, help="held-out problems of each curve point (test indices 0..n-1)")
     p.add_argument("--target", type=float, default=0.0,
-                   help="tokens-to-target level: held-out accuracy a run must reach (0: the untrained solo agent's accuracy)")
+                   help="tokens-to-target level: held-out accuracy a run must reach (0: the untrained solo agent's accuracy; where that is 0, as on RAG, every run meets it and the report asks for a --target)")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="`marft sft` option of the warm systems, e.g. epochs=2 (see `marft sft --help`)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the jobs' JSONs (pass the run's flags)")
     p.add_argument("--status", action="store_true",
