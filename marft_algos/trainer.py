@@ -268,7 +268,9 @@ class Trainer:
             with self.gathered(reference=self.needs_reference()):
                 self.behaviour.fill(batch, self.agents, reference=self.needs_reference())
         samples = self.behaviour.kl_samples(batch, policies, getattr(c, "kl_sample", 0))
+        t_kl = time.perf_counter()  # the diagnostics' own time: no-grad forwards beside the update (perf/kl_diagnostics_s)
         kl = self._kl_diagnostics(samples, reference=True)
+        kl_s = time.perf_counter() - t_kl
         rng = np.random.default_rng(rank_seed(c.seed + 1, self.global_step, d.rank)) if d.active else self.np_rng
         self.buffers: dict[str, AgentBuffer] = {}
         sums: dict[str, list[float]] = defaultdict(list)
@@ -289,7 +291,9 @@ class Trainer:
         out = {k: float(np.mean(v)) for k, v in sums.items()}
         out.update({f"agent/{a}/policy_updated": float(a in policies) for a in self.agents})
         out.update(kl)
+        t_kl = time.perf_counter()
         out.update(self._kl_diagnostics(samples, reference=False))
+        out["perf/kl_diagnostics_s"] = kl_s + time.perf_counter() - t_kl
         return out
 
     def _kl_diagnostics(self, samples: dict[str, Any], *, reference: bool) -> dict[str, float]:

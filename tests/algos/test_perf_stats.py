@@ -34,6 +34,9 @@ def test_a_training_step_logs_peak_rss_and_threads():
     m = trainer.train_step()
     assert 50 < m["perf/peak_rss_mb"] < 64_000
     assert m["perf/threads"] == torch.get_num_threads()
+    # the KL diagnostics' forwards (kl_sample actions, before and after the update) are timed inside the update
+    assert 0 < m["perf/kl_diagnostics_s"] <= m["perf/update_s"]
+    assert m["agent/speaker/update_kl"] >= 0  # the diagnostics ran (kl_sample > 0 by default)
 
 
 def test_phase_threads_switch_and_restore(monkeypatch):
