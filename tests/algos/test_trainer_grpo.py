@@ -302,7 +302,7 @@ def test_a_step_without_signal_skips_the_backward_and_steps_exactly_as_the_full_
     assert backwards["n"] > 0 and m_full[f"agent/{t.agents[0]}/backward_skipped"] == 0.0
     assert set(m) == set(m_full)
     for k, v in m_full.items():
-        if not k.endswith("backward_skipped"):
+        if not k.endswith("backward_skipped") and not k.startswith("perf/"):  # perf/: timings
             assert m[k] == pytest.approx(v, rel=1e-5, abs=1e-4), k  # a no-grad forward may round log-probs otherwise (~1e-5)
     full = _snapshot(t)
     assert all(torch.equal(a, b) for a, b in zip(fast, full, strict=True))
