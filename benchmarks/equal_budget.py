@@ -441,9 +441,10 @@ def _sft_twin(rundirs: Path, argv: list[str]) -> Path | None:
 def _step_record(m: dict[str, Any], tokens: int, minutes: float) -> dict[str, Any]:
     """The per-step metrics kept in a job's JSON (reward, tokens, per-agent grad norms, rollbacks, agent metrics,
     the KL to the reference and across the update, an actor-critic's mean advantage and value per agent, and the
-    step's torch thread count, which a resume with another ``--threads`` changes and the minutes depend on)."""
+    step's ``perf/`` timings: where its minutes went (rollout, update, KL diagnostics) and its torch thread count,
+    which a resume with another ``--threads`` changes and the minutes depend on)."""
     keep = {k: float(v) for k, v in m.items() if isinstance(v, int | float) and (
-        k.startswith(("team/", "recovery/")) or k in ("rollout/tokens", "critic/grad_norm", "train/step", "perf/threads")
+        k.startswith(("team/", "recovery/", "perf/")) or k in ("rollout/tokens", "critic/grad_norm", "train/step")
         or (k.startswith("agent/") and k.rsplit("/", 1)[-1] in ("reward", "grad_norm", "response_len", "entropy", "kl", "length_stop_frac",
                                                                        "rollout_ref_kl", "update_kl", "ref_kl",
                                                                        "advantage_mean", "value_mean")))}

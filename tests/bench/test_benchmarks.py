@@ -872,9 +872,10 @@ def test_zero_signal_update_times_both_paths_and_finds_them_bit_identical(tmp_pa
 
 
 def test_equal_budget_step_record_keeps_the_agent_metrics_the_report_reads() -> None:
-    """Per agent: the learning metrics and an actor-critic's mean advantage and value; not the rest."""
+    """Per agent: the learning metrics and an actor-critic's mean advantage and value; the step's timings; not the rest."""
     m = {"team/reward": 0.5, "agent/reasoner/advantage_mean": 0.1, "agent/reasoner/value_mean": 0.2,
          "agent/reasoner/length_stop_frac": 0.3, "agent/reasoner/lr": 1e-5, "perf/step_s": 3.0, "train/step": 4}
     rec = _load("equal_budget")._step_record(m, tokens=100, minutes=1.5)
     assert rec == {"team/reward": 0.5, "agent/reasoner/advantage_mean": 0.1, "agent/reasoner/value_mean": 0.2,
-                   "agent/reasoner/length_stop_frac": 0.3, "train/step": 4.0, "tokens_so_far": 100, "train_minutes": 1.5}
+                   "agent/reasoner/length_stop_frac": 0.3, "perf/step_s": 3.0, "train/step": 4.0, "tokens_so_far": 100,
+                   "train_minutes": 1.5}
