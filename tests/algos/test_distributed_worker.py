@@ -196,6 +196,10 @@ def fsdp_step(out: Path, rank: int, world: int) -> None:
     sd = full_state_dict(model, dist)
     if rank == 0:
         torch.save(sd, out / "fsdp.pt")
+    # leave the group together and before interpreter teardown: a rank that exits with gloo's
+    # threads still up can abort ("terminate called without an active exception", seen once in CI)
+    dist.barrier()
+    dist.close()
 
 
 if __name__ == "__main__":
